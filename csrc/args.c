@@ -1,0 +1,60 @@
+/* Argument parsing for METH_FASTCALL | METH_KEYWORDS functions.
+ *
+ * Python's own PyArg_ParseTupleAndKeywords does not take the vectorcall
+ * layout, and _PyArg_Parser is private; this small parser maps positional
+ * and keyword arguments onto named slots and leaves conversion to callers,
+ * which is where the "<func>() argument '<param>'" messages come from. */
+#include "cudalab.h"
+
+int
+cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+              const char *const *names, int nrequired, PyObject **out)
+{
+    int n = 0;
+    while (names[n] != NULL) {
+        out[n] = NULL;
+        n++;
+    }
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional argument%s (%zd given)",
+                     func, n, n == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        out[i] = args[i];
+    }
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        const char *kname = PyUnicode_AsUTF8(key);
+        if (kname == NULL) {
+            return -1;
+        }
+        int slot = -1;
+        for (int i = 0; i < n; i++) {
+            if (strcmp(kname, names[i]) == 0) {
+                slot = i;
+                break;
+            }
+        }
+        if (slot < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", func,
+                         kname);
+            return -1;
+        }
+        if (out[slot] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", func,
+                         kname);
+            return -1;
+        }
+        out[slot] = args[nargs + k];
+    }
+    for (int i = 0; i < nrequired; i++) {
+        if (out[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", func,
+                         names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}

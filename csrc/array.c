@@ -1,0 +1,918 @@
+/* DeviceArray: an n-dimensional strided view of device memory (rank <= 8).
+ *
+ * Layout: `data` points at element [0, ..., 0]; strides are in bytes and
+ * non-negative (views come from slicing with positive steps, transposes and
+ * reshapes, none of which need negative strides). An owner array (base ==
+ * NULL) returns its pool allocation on its stream when it dies; a view holds
+ * a reference to the root owner, so views of views never form chains. */
+#include "cudalab.h"
+#include <structmember.h> /* T_PYSSIZET, READONLY on Python < 3.12 */
+
+/* ---- layout helpers -------------------------------------------------------- */
+
+Py_ssize_t
+cl_array_size(const DeviceArray *a)
+{
+    Py_ssize_t size = 1;
+    for (int i = 0; i < a->ndim; i++) {
+        size *= a->shape[i];
+    }
+    return size;
+}
+
+void
+cl_c_strides(int ndim, const Py_ssize_t *shape, size_t itemsize, Py_ssize_t *strides)
+{
+    Py_ssize_t stride = (Py_ssize_t)itemsize;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = stride;
+        stride *= shape[i] > 1 ? shape[i] : 1;
+    }
+}
+
+bool
+cl_is_c_contiguous(const DeviceArray *a)
+{
+    Py_ssize_t expected = (Py_ssize_t)cl_itemsize(a->dtype);
+    for (int i = a->ndim - 1; i >= 0; i--) {
+        if (a->shape[i] == 0) {
+            return true;
+        }
+        if (a->shape[i] != 1 && a->strides[i] != expected) {
+            return false;
+        }
+        expected *= a->shape[i];
+    }
+    return true;
+}
+
+bool
+cl_is_f_contiguous(const DeviceArray *a)
+{
+    Py_ssize_t expected = (Py_ssize_t)cl_itemsize(a->dtype);
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] == 0) {
+            return true;
+        }
+        if (a->shape[i] != 1 && a->strides[i] != expected) {
+            return false;
+        }
+        expected *= a->shape[i];
+    }
+    return true;
+}
+
+bool
+cl_layout_is_dense(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+                   size_t itemsize)
+{
+    /* Sort the axes that matter (extent > 1) by stride; dense means they tile
+     * [0, nbytes) exactly: smallest stride == itemsize, each next one the
+     * previous stride times the previous extent. */
+    int axes[CL_MAX_NDIM];
+    int n = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 0) {
+            return true;
+        }
+        if (shape[i] > 1) {
+            if (strides[i] <= 0) {
+                return false;
+            }
+            int j = n++;
+            while (j > 0 && strides[axes[j - 1]] > strides[i]) {
+                axes[j] = axes[j - 1];
+                j--;
+            }
+            axes[j] = i;
+        }
+    }
+    Py_ssize_t expected = (Py_ssize_t)itemsize;
+    for (int k = 0; k < n; k++) {
+        if (strides[axes[k]] != expected) {
+            return false;
+        }
+        expected *= shape[axes[k]];
+    }
+    return true;
+}
+
+bool
+cl_is_dense(const DeviceArray *a)
+{
+    return cl_layout_is_dense(a->ndim, a->shape, a->strides, cl_itemsize(a->dtype));
+}
+
+/* ---- construction ---------------------------------------------------------- */
+
+static DeviceArray *
+alloc_object(cl_state *st)
+{
+    DeviceArray *a = PyObject_GC_New(DeviceArray, st->DeviceArray_Type);
+    if (a == NULL) {
+        return NULL;
+    }
+    a->data = NULL;
+    a->ndim = 0;
+    a->dtype = CL_FLOAT32;
+    a->device = 0;
+    a->base = NULL;
+    a->alloc = NULL;
+    a->alloc_bytes = 0;
+    a->alloc_stream = NULL;
+    a->weakreflist = NULL;
+    PyObject_GC_Track((PyObject *)a);
+    return a;
+}
+
+DeviceArray *
+cl_array_new(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape,
+             const Py_ssize_t *strides, cl_dtype dtype)
+{
+    size_t itemsize = cl_itemsize(dtype);
+    size_t nbytes = itemsize;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] != 0 && nbytes > (size_t)PY_SSIZE_T_MAX / (size_t)shape[i]) {
+            PyErr_Format(PyExc_ValueError, "%s(): array is too big", func);
+            return NULL;
+        }
+        nbytes *= (size_t)shape[i];
+    }
+    int device;
+    if (cl_current_device(st, &device) < 0) {
+        return NULL;
+    }
+    cudaStream_t stream = cl_current_stream(st);
+    void *ptr;
+    if (cl_malloc(st, func, device, nbytes, stream, &ptr) < 0) {
+        return NULL;
+    }
+    DeviceArray *a = alloc_object(st);
+    if (a == NULL) {
+        cl_free(st, device, ptr, nbytes, stream);
+        return NULL;
+    }
+    a->data = ptr;
+    a->alloc = ptr;
+    a->alloc_bytes = nbytes;
+    a->alloc_stream = stream;
+    a->device = device;
+    a->dtype = dtype;
+    a->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        a->shape[i] = shape[i];
+    }
+    if (strides != NULL) {
+        for (int i = 0; i < ndim; i++) {
+            a->strides[i] = strides[i];
+        }
+    }
+    else {
+        cl_c_strides(ndim, shape, itemsize, a->strides);
+    }
+    return a;
+}
+
+DeviceArray *
+cl_array_view(cl_state *st, DeviceArray *src, char *data, int ndim, const Py_ssize_t *shape,
+              const Py_ssize_t *strides)
+{
+    DeviceArray *a = alloc_object(st);
+    if (a == NULL) {
+        return NULL;
+    }
+    PyObject *owner = src->base != NULL ? src->base : (PyObject *)src;
+    a->base = Py_NewRef(owner);
+    a->data = data;
+    a->device = src->device;
+    a->dtype = src->dtype;
+    a->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        a->shape[i] = shape[i];
+        a->strides[i] = strides[i];
+    }
+    return a;
+}
+
+int
+cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src)
+{
+    int64_t shape[CL_MAX_NDIM], dst_strides[CL_MAX_NDIM], src_strides[CL_MAX_NDIM];
+    if (cl_array_size(src) == 0) {
+        return 0;
+    }
+    Py_ssize_t dst_item = (Py_ssize_t)cl_itemsize(dst->dtype);
+    Py_ssize_t src_item = (Py_ssize_t)cl_itemsize(src->dtype);
+    for (int i = 0; i < src->ndim; i++) {
+        shape[i] = src->shape[i];
+        dst_strides[i] = dst->strides[i] / dst_item;
+        src_strides[i] = src->strides[i] / src_item;
+    }
+    int previous;
+    if (cl_device_enter(st, src->device, &previous) < 0) {
+        return -1;
+    }
+    cudaError_t err = cl_copy_cast(dst->data, dst->dtype, dst_strides, src->data, src->dtype,
+                                   src_strides, src->ndim, shape, cl_current_stream(st));
+    cl_device_exit(src->device, previous);
+    CL_CUDA_CHECK(st, err);
+    return 0;
+fail:
+    return -1;
+}
+
+DeviceArray *
+cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype)
+{
+    int previous;
+    if (cl_device_enter(st, a->device, &previous) < 0) {
+        return NULL;
+    }
+    DeviceArray *out = cl_array_new(st, func, a->ndim, a->shape, NULL, dtype);
+    cl_device_exit(a->device, previous);
+    if (out == NULL) {
+        return NULL;
+    }
+    if (cl_array_copy_into(st, out, a) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* ---- type slots ------------------------------------------------------------ */
+
+static int
+DeviceArray_traverse(DeviceArray *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->base);
+    return 0;
+}
+
+static int
+DeviceArray_clear(DeviceArray *self)
+{
+    Py_CLEAR(self->base);
+    return 0;
+}
+
+static void
+DeviceArray_dealloc(DeviceArray *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
+    if (self->alloc != NULL) {
+        cl_state *st = cl_state_from_type(type);
+        if (st != NULL) {
+            cl_free(st, self->device, self->alloc, self->alloc_bytes, self->alloc_stream);
+        }
+        self->alloc = NULL;
+    }
+    Py_CLEAR(self->base);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyObject *
+shape_tuple(int ndim, const Py_ssize_t *values)
+{
+    PyObject *t = PyTuple_New(ndim);
+    if (t == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++) {
+        PyObject *v = PyLong_FromSsize_t(values[i]);
+        if (v == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static PyObject *
+DeviceArray_repr(DeviceArray *self)
+{
+    PyObject *shape = shape_tuple(self->ndim, self->shape);
+    if (shape == NULL) {
+        return NULL;
+    }
+    PyObject *r = PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=%s, device=%d)", shape,
+                                       cl_dtype_name(self->dtype), self->device);
+    Py_DECREF(shape);
+    return r;
+}
+
+static Py_ssize_t
+DeviceArray_length(DeviceArray *self)
+{
+    if (self->ndim == 0) {
+        PyErr_SetString(PyExc_TypeError, "len() of a 0-d DeviceArray");
+        return -1;
+    }
+    return self->shape[0];
+}
+
+/* ---- attributes ------------------------------------------------------------ */
+
+static PyObject *
+get_shape(DeviceArray *self, void *closure)
+{
+    return shape_tuple(self->ndim, self->shape);
+}
+
+static PyObject *
+get_strides(DeviceArray *self, void *closure)
+{
+    return shape_tuple(self->ndim, self->strides);
+}
+
+static PyObject *
+get_dtype(DeviceArray *self, void *closure)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    return Py_NewRef((PyObject *)st->descr[self->dtype]);
+}
+
+static PyObject *
+get_ndim(DeviceArray *self, void *closure)
+{
+    return PyLong_FromLong(self->ndim);
+}
+
+static PyObject *
+get_size(DeviceArray *self, void *closure)
+{
+    return PyLong_FromSsize_t(cl_array_size(self));
+}
+
+static PyObject *
+get_itemsize(DeviceArray *self, void *closure)
+{
+    return PyLong_FromSize_t(cl_itemsize(self->dtype));
+}
+
+static PyObject *
+get_nbytes(DeviceArray *self, void *closure)
+{
+    return PyLong_FromSsize_t(cl_array_size(self) * (Py_ssize_t)cl_itemsize(self->dtype));
+}
+
+static PyObject *
+get_device(DeviceArray *self, void *closure)
+{
+    return PyLong_FromLong(self->device);
+}
+
+static PyObject *
+get_data_ptr(DeviceArray *self, void *closure)
+{
+    return PyLong_FromVoidPtr(cl_array_size(self) == 0 ? NULL : self->data);
+}
+
+static PyObject *
+get_is_contiguous(DeviceArray *self, void *closure)
+{
+    return PyBool_FromLong(cl_is_c_contiguous(self));
+}
+
+static PyObject *
+get_is_f_contiguous(DeviceArray *self, void *closure)
+{
+    return PyBool_FromLong(cl_is_f_contiguous(self));
+}
+
+static PyObject *
+get_base(DeviceArray *self, void *closure)
+{
+    return Py_NewRef(self->base != NULL ? self->base : Py_None);
+}
+
+static DeviceArray *
+permuted_view(DeviceArray *self, const int *perm)
+{
+    Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
+    for (int i = 0; i < self->ndim; i++) {
+        shape[i] = self->shape[perm[i]];
+        strides[i] = self->strides[perm[i]];
+    }
+    return cl_array_view(cl_state_from_type(Py_TYPE(self)), self, self->data, self->ndim, shape,
+                         strides);
+}
+
+static PyObject *
+get_T(DeviceArray *self, void *closure)
+{
+    int perm[CL_MAX_NDIM];
+    for (int i = 0; i < self->ndim; i++) {
+        perm[i] = self->ndim - 1 - i;
+    }
+    return (PyObject *)permuted_view(self, perm);
+}
+
+static PyGetSetDef DeviceArray_getset[] = {
+    {"shape", (getter)get_shape, NULL, "Tuple of dimensions.", NULL},
+    {"strides", (getter)get_strides, NULL, "Tuple of byte steps per dimension.", NULL},
+    {"dtype", (getter)get_dtype, NULL, "Element type, a numpy.dtype.", NULL},
+    {"ndim", (getter)get_ndim, NULL, "Number of dimensions.", NULL},
+    {"size", (getter)get_size, NULL, "Number of elements.", NULL},
+    {"itemsize", (getter)get_itemsize, NULL, "Bytes per element.", NULL},
+    {"nbytes", (getter)get_nbytes, NULL, "size * itemsize.", NULL},
+    {"device", (getter)get_device, NULL, "Index of the device holding the data.", NULL},
+    {"data_ptr", (getter)get_data_ptr, NULL,
+     "Device address of element [0, ..., 0] (0 for an empty array).", NULL},
+    {"is_contiguous", (getter)get_is_contiguous, NULL, "True when laid out in C order.", NULL},
+    {"is_f_contiguous", (getter)get_is_f_contiguous, NULL, "True when laid out in Fortran order.",
+     NULL},
+    {"base", (getter)get_base, NULL, "The array owning the memory of a view; None for an owner.",
+     NULL},
+    {"T", (getter)get_T, NULL, "View with the axes reversed.", NULL},
+    {NULL},
+};
+
+/* ---- methods --------------------------------------------------------------- */
+
+PyDoc_STRVAR(get_doc,
+"get()\n--\n\n"
+"Copy to a new NumPy array (synchronous; the GIL is released meanwhile).\n\n"
+"A dense array (C, Fortran or any axis order) arrives with the same strides;\n"
+"any other view is compacted on the device first and arrives in C order.\n"
+"bfloat16 arrives as ml_dtypes.bfloat16.");
+
+static PyObject *
+DeviceArray_get(DeviceArray *self, PyObject *unused)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    DeviceArray *src = self;
+    PyArrayObject *out = NULL;
+    if (!cl_is_dense(self)) {
+        src = cl_array_contiguous_copy(st, "get", self, self->dtype);
+        if (src == NULL) {
+            return NULL;
+        }
+    }
+    else {
+        Py_INCREF(src);
+    }
+    PyArray_Descr *descr = st->descr[src->dtype];
+    Py_INCREF(descr); /* stolen below */
+    out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
+                                                src->strides, NULL, NPY_ARRAY_WRITEABLE, NULL);
+    if (out == NULL) {
+        goto fail;
+    }
+    size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
+    if (nbytes > 0) {
+        cudaError_t err;
+        int previous;
+        if (cl_device_enter(st, src->device, &previous) < 0) {
+            goto fail;
+        }
+        /* Pageable destination: cudaMemcpy waits for the stream's work. */
+        CL_WITHOUT_GIL(err = cudaMemcpy(PyArray_DATA(out), src->data, nbytes,
+                                        cudaMemcpyDeviceToHost));
+        cl_device_exit(src->device, previous);
+        CL_CUDA_CHECK(st, err);
+    }
+    Py_DECREF(src);
+    return (PyObject *)out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(src);
+    return NULL;
+}
+
+PyDoc_STRVAR(copy_doc,
+"copy()\n--\n\n"
+"A new C-contiguous array with the same values, on the same device.");
+
+static PyObject *
+DeviceArray_copy(DeviceArray *self, PyObject *unused)
+{
+    return (PyObject *)cl_array_contiguous_copy(cl_state_from_type(Py_TYPE(self)), "copy", self,
+                                                self->dtype);
+}
+
+PyDoc_STRVAR(astype_doc,
+"astype(dtype, copy=True)\n--\n\n"
+"The values converted to `dtype` as NumPy's astype does (float to int\n"
+"truncates toward zero, anything to bool is `!= 0`), in a new C-contiguous\n"
+"array. With copy=False and the same dtype, returns self.");
+
+static PyObject *
+DeviceArray_astype(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames)
+{
+    static const char *const names[] = {"dtype", "copy", NULL};
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    PyObject *argv[2];
+    cl_dtype dtype;
+    if (cl_parse_args("astype", args, nargs, kwnames, names, 1, argv) < 0 ||
+        cl_dtype_converter(st, argv[0], "astype", "dtype", &dtype) < 0) {
+        return NULL;
+    }
+    int copy = argv[1] == NULL ? 1 : PyObject_IsTrue(argv[1]);
+    if (copy < 0) {
+        return NULL;
+    }
+    if (!copy && dtype == self->dtype) {
+        return Py_NewRef((PyObject *)self);
+    }
+    return (PyObject *)cl_array_contiguous_copy(st, "astype", self, dtype);
+}
+
+/* Axis argument in [-ndim, ndim) -> [0, ndim). */
+static int
+normalize_axis(PyObject *obj, int ndim, const char *func, int *axis)
+{
+    Py_ssize_t value;
+    if (cl_parse_index(obj, func, "axes", &value) < 0) {
+        return -1;
+    }
+    if (value < -ndim || value >= ndim) {
+        return cl_arg_error(PyExc_ValueError, func, "axes",
+                            "axis %zd is out of bounds for an array of dimension %d", value,
+                            ndim);
+    }
+    *axis = (int)(value < 0 ? value + ndim : value);
+    return 0;
+}
+
+PyDoc_STRVAR(transpose_doc,
+"transpose(*axes)\n--\n\n"
+"A view with the axes permuted (reversed when no axes are given); no data moves.");
+
+static PyObject *
+DeviceArray_transpose(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int perm[CL_MAX_NDIM];
+    bool seen[CL_MAX_NDIM] = {false};
+    PyObject *const *items = args;
+    Py_ssize_t n = nargs;
+    if (nargs == 1 && (PyTuple_Check(args[0]) || PyList_Check(args[0]))) {
+        items = PySequence_Fast_ITEMS(args[0]);
+        n = PySequence_Fast_GET_SIZE(args[0]);
+    }
+    if (n == 0 || (nargs == 1 && args[0] == Py_None)) {
+        return get_T(self, NULL);
+    }
+    if (n != self->ndim) {
+        return cl_arg_error(PyExc_ValueError, "transpose", "axes",
+                            "%zd axes given for an array of dimension %d", n, self->ndim),
+               NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (normalize_axis(items[i], self->ndim, "transpose", &perm[i]) < 0) {
+            return NULL;
+        }
+        if (seen[perm[i]]) {
+            return cl_arg_error(PyExc_ValueError, "transpose", "axes", "repeated axis %d",
+                                perm[i]),
+                   NULL;
+        }
+        seen[perm[i]] = true;
+    }
+    return (PyObject *)permuted_view(self, perm);
+}
+
+/* Strides for viewing `a` with `new_shape` without moving data, or false
+ * when the layout does not allow it. Groups of old axes whose product
+ * matches a group of new axes must be laid out as one contiguous run. */
+static bool
+reshape_strides(const DeviceArray *a, int new_ndim, const Py_ssize_t *new_shape,
+                Py_ssize_t *new_strides)
+{
+    Py_ssize_t old_shape[CL_MAX_NDIM], old_strides[CL_MAX_NDIM];
+    int old_ndim = 0;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] != 1) { /* extent-1 axes carry no layout */
+            old_shape[old_ndim] = a->shape[i];
+            old_strides[old_ndim] = a->strides[i];
+            old_ndim++;
+        }
+    }
+    int oi = 0, ni = 0;
+    while (oi < old_ndim && ni < new_ndim) {
+        int oj = oi + 1, nj = ni + 1;
+        Py_ssize_t old_prod = old_shape[oi], new_prod = new_shape[ni];
+        while (old_prod != new_prod) {
+            if (new_prod < old_prod) {
+                new_prod *= new_shape[nj++];
+            }
+            else {
+                old_prod *= old_shape[oj++];
+            }
+        }
+        for (int k = oi; k < oj - 1; k++) {
+            if (old_strides[k] != old_strides[k + 1] * old_shape[k + 1]) {
+                return false;
+            }
+        }
+        new_strides[nj - 1] = old_strides[oj - 1];
+        for (int k = nj - 1; k > ni; k--) {
+            new_strides[k - 1] = new_strides[k] * new_shape[k];
+        }
+        oi = oj;
+        ni = nj;
+    }
+    for (; ni < new_ndim; ni++) { /* trailing extent-1 axes */
+        new_strides[ni] = (Py_ssize_t)cl_itemsize(a->dtype);
+    }
+    return true;
+}
+
+PyDoc_STRVAR(reshape_doc,
+"reshape(*shape)\n--\n\n"
+"The same elements (C order) with a new shape; one entry may be -1.\n\n"
+"Returns a view when the layout allows it (as NumPy does), otherwise a\n"
+"C-contiguous copy.");
+
+static PyObject *
+DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
+    int ndim;
+    PyObject *shape_obj;
+    if (nargs == 1) {
+        shape_obj = Py_NewRef(args[0]);
+    }
+    else {
+        shape_obj = PyTuple_New(nargs);
+        if (shape_obj == NULL) {
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nargs; i++) {
+            PyTuple_SET_ITEM(shape_obj, i, Py_NewRef(args[i]));
+        }
+    }
+    /* -1 is allowed once here, so parse by hand rather than cl_parse_shape. */
+    PyObject *seq = PyLong_Check(shape_obj) || PyIndex_Check(shape_obj)
+                        ? PyTuple_Pack(1, shape_obj)
+                        : PySequence_Tuple(shape_obj);
+    Py_DECREF(shape_obj);
+    if (seq == NULL) {
+        PyErr_Clear();
+        return cl_arg_error(PyExc_TypeError, "reshape", "shape",
+                            "expected an int or a sequence of ints"), NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    if (n > CL_MAX_NDIM) {
+        Py_DECREF(seq);
+        return cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                            "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM), NULL;
+    }
+    ndim = (int)n;
+    int unknown = -1;
+    Py_ssize_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (cl_parse_index(PyTuple_GET_ITEM(seq, i), "reshape", "shape", &shape[i]) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (shape[i] == -1) {
+            if (unknown >= 0) {
+                Py_DECREF(seq);
+                return cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                                    "can only specify one unknown dimension"), NULL;
+            }
+            unknown = i;
+        }
+        else if (shape[i] < 0) {
+            Py_DECREF(seq);
+            return cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                                "negative dimension %zd", shape[i]), NULL;
+        }
+        else {
+            known *= shape[i];
+        }
+    }
+    Py_DECREF(seq);
+    Py_ssize_t size = cl_array_size(self);
+    if (unknown >= 0) {
+        if (known == 0 || size % known != 0) {
+            goto mismatch;
+        }
+        shape[unknown] = size / known;
+    }
+    else if (known != size) {
+        goto mismatch;
+    }
+    if (size == 0) {
+        cl_c_strides(ndim, shape, cl_itemsize(self->dtype), strides);
+        return (PyObject *)cl_array_view(st, self, self->data, ndim, shape, strides);
+    }
+    if (reshape_strides(self, ndim, shape, strides)) {
+        return (PyObject *)cl_array_view(st, self, self->data, ndim, shape, strides);
+    }
+    {
+        DeviceArray *c = cl_array_contiguous_copy(st, "reshape", self, self->dtype);
+        if (c == NULL) {
+            return NULL;
+        }
+        /* The copy is a fresh owner: give it the new shape in place. */
+        c->ndim = ndim;
+        for (int i = 0; i < ndim; i++) {
+            c->shape[i] = shape[i];
+        }
+        cl_c_strides(ndim, shape, cl_itemsize(c->dtype), c->strides);
+        return (PyObject *)c;
+    }
+mismatch:
+    {
+        PyObject *t = shape_tuple(ndim, shape);
+        if (t != NULL) {
+            cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                         "cannot reshape array of size %zd into shape %R", size, t);
+            Py_DECREF(t);
+        }
+        return NULL;
+    }
+}
+
+PyDoc_STRVAR(array_doc,
+"__array__(dtype=None, copy=None)\n--\n\n"
+"Always raises TypeError: a device-to-host copy is never implicit.\n"
+"Use .get() or cudalab.asnumpy().");
+
+static PyObject *
+DeviceArray_array(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw)
+{
+    PyErr_SetString(PyExc_TypeError,
+                    "implicit conversion of a cudalab.DeviceArray to a NumPy array is not "
+                    "allowed; use .get() or cudalab.asnumpy() to copy it to the host");
+    return NULL;
+}
+
+/* ---- indexing -------------------------------------------------------------- */
+
+static PyObject *
+DeviceArray_subscript(DeviceArray *self, PyObject *key)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
+    int ndim = 0, dim = 0;
+    char *data = self->data;
+    PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t nitems = PyTuple_GET_SIZE(items);
+    /* How many axes the non-Ellipsis, non-None items consume. */
+    int consumed = 0, ellipses = 0;
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (item == Py_Ellipsis) {
+            ellipses++;
+        }
+        else if (item != Py_None) {
+            consumed++;
+        }
+    }
+    if (ellipses > 1) {
+        Py_DECREF(items);
+        PyErr_SetString(PyExc_IndexError, "an index can only have a single ellipsis ('...')");
+        return NULL;
+    }
+    if (consumed > self->ndim) {
+        Py_DECREF(items);
+        PyErr_Format(PyExc_IndexError,
+                     "too many indices for DeviceArray: array is %d-dimensional, but %d were "
+                     "indexed", self->ndim, consumed);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nitems; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (item == Py_Ellipsis) {
+            for (int k = 0; k < self->ndim - consumed; k++) {
+                shape[ndim] = self->shape[dim];
+                strides[ndim++] = self->strides[dim++];
+            }
+        }
+        else if (item == Py_None) {
+            if (ndim >= CL_MAX_NDIM) {
+                goto too_many_dims;
+            }
+            shape[ndim] = 1;
+            strides[ndim++] = 0;
+        }
+        else if (PySlice_Check(item)) {
+            Py_ssize_t start, stop, step;
+            if (PySlice_Unpack(item, &start, &stop, &step) < 0) {
+                goto fail; /* step 0: ValueError from Python */
+            }
+            if (step < 0) {
+                PyErr_SetString(PyExc_ValueError,
+                                "DeviceArray indexing: negative slice steps are not supported "
+                                "(views keep non-negative strides); copy with .get() and "
+                                "flip on the host, or reverse explicitly");
+                goto fail;
+            }
+            Py_ssize_t count = PySlice_AdjustIndices(self->shape[dim], &start, &stop, step);
+            if (count > 0) {
+                data += start * self->strides[dim];
+            }
+            if (ndim >= CL_MAX_NDIM) {
+                goto too_many_dims;
+            }
+            shape[ndim] = count;
+            strides[ndim++] = self->strides[dim] * step;
+            dim++;
+        }
+        else if (!PyBool_Check(item) && !PyArray_Check(item) && PyIndex_Check(item)) {
+            Py_ssize_t index = PyNumber_AsSsize_t(item, PyExc_IndexError);
+            if (index == -1 && PyErr_Occurred()) {
+                goto fail;
+            }
+            Py_ssize_t extent = self->shape[dim];
+            if (index < -extent || index >= extent) {
+                PyErr_Format(PyExc_IndexError,
+                             "index %zd is out of bounds for axis %d with size %zd", index, dim,
+                             extent);
+                goto fail;
+            }
+            if (index < 0) {
+                index += extent;
+            }
+            data += index * self->strides[dim];
+            dim++;
+        }
+        else {
+            PyErr_Format(PyExc_TypeError,
+                         "DeviceArray indices must be integers, slices (positive steps), "
+                         "Ellipsis or None, not %.100s (advanced indexing is not supported)",
+                         Py_TYPE(item)->tp_name);
+            goto fail;
+        }
+    }
+    while (dim < self->ndim) { /* unindexed trailing axes */
+        if (ndim >= CL_MAX_NDIM) {
+            goto too_many_dims;
+        }
+        shape[ndim] = self->shape[dim];
+        strides[ndim++] = self->strides[dim++];
+    }
+    Py_DECREF(items);
+    return (PyObject *)cl_array_view(st, self, data, ndim, shape, strides);
+too_many_dims:
+    PyErr_Format(PyExc_IndexError, "the result would have more than %d dimensions", CL_MAX_NDIM);
+fail:
+    Py_DECREF(items);
+    return NULL;
+}
+
+static PyMethodDef DeviceArray_methods[] = {
+    {"get", (PyCFunction)DeviceArray_get, METH_NOARGS, get_doc},
+    {"copy", (PyCFunction)DeviceArray_copy, METH_NOARGS, copy_doc},
+    {"astype", (PyCFunction)(void (*)(void))DeviceArray_astype, METH_FASTCALL | METH_KEYWORDS,
+     astype_doc},
+    {"transpose", (PyCFunction)(void (*)(void))DeviceArray_transpose, METH_FASTCALL,
+     transpose_doc},
+    {"reshape", (PyCFunction)(void (*)(void))DeviceArray_reshape, METH_FASTCALL, reshape_doc},
+    {"__array__", (PyCFunction)(void (*)(void))DeviceArray_array, METH_FASTCALL | METH_KEYWORDS,
+     array_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef DeviceArray_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(DeviceArray, weakreflist), READONLY},
+    {NULL},
+};
+
+PyDoc_STRVAR(DeviceArray_doc,
+"An n-dimensional array in GPU memory (rank <= 8).\n\n"
+"Create one with cudalab.asarray, empty, zeros, ones, full or their *_like\n"
+"forms; it cannot be constructed directly. Strides are in bytes. Slicing\n"
+"(positive steps), .T, transpose() and most reshape() calls return views that\n"
+"keep the owning array alive. Memory comes from the device's stream-ordered\n"
+"pool and goes back to it when the last reference dies.");
+
+static PyType_Slot DeviceArray_slots[] = {
+    {Py_tp_doc, (void *)DeviceArray_doc},
+    {Py_tp_dealloc, DeviceArray_dealloc},
+    {Py_tp_traverse, DeviceArray_traverse},
+    {Py_tp_clear, DeviceArray_clear},
+    {Py_tp_repr, DeviceArray_repr},
+    {Py_tp_getset, DeviceArray_getset},
+    {Py_tp_methods, DeviceArray_methods},
+    {Py_tp_members, DeviceArray_members},
+    {Py_mp_subscript, DeviceArray_subscript},
+    {Py_mp_length, DeviceArray_length},
+    {Py_sq_length, DeviceArray_length},
+    {0, NULL},
+};
+
+PyType_Spec cl_DeviceArray_spec = {
+    .name = "cudalab.DeviceArray",
+    .basicsize = sizeof(DeviceArray),
+    /* Not a base type: module state is found through the exact type. No
+     * tp_new: arrays come only from the module's constructors. */
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = DeviceArray_slots,
+};

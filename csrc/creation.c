@@ -1,0 +1,423 @@
+/* Array constructors and host <-> device copies: asarray, asnumpy,
+ * ascontiguousarray, empty/zeros/ones/full and their *_like forms.
+ *
+ * Every argument is checked before the GPU is touched, so argument errors
+ * are the same with or without a device; then cl_require_device raises
+ * NoDeviceError on a machine without one. */
+#include "cudalab.h"
+
+#define DEFAULT_DTYPE CL_FLOAT32 /* like torch: float32 unless asked otherwise */
+
+int
+cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
+               Py_ssize_t *shape)
+{
+    if (!PyBool_Check(obj) && PyIndex_Check(obj) && !PyArray_Check(obj)) {
+        *ndim = 1;
+        if (cl_parse_index(obj, func, param, &shape[0]) < 0) {
+            return -1;
+        }
+    }
+    else if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        if (n > CL_MAX_NDIM) {
+            return cl_arg_error(PyExc_ValueError, func, param,
+                                "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM);
+        }
+        *ndim = (int)n;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (cl_parse_index(PySequence_Fast_GET_ITEM(obj, i), func, param, &shape[i]) < 0) {
+                return -1;
+            }
+        }
+    }
+    else {
+        return cl_arg_error(PyExc_TypeError, func, param,
+                            "expected an int or a tuple of ints, got %.100s",
+                            Py_TYPE(obj)->tp_name);
+    }
+    for (int i = 0; i < *ndim; i++) {
+        if (shape[i] < 0) {
+            return cl_arg_error(PyExc_ValueError, func, param,
+                                "negative dimensions are not allowed, got %zd", shape[i]);
+        }
+    }
+    return 0;
+}
+
+/* The `a` argument of *_like, asnumpy, ascontiguousarray. */
+static DeviceArray *
+expect_array(cl_state *st, PyObject *obj, const char *func)
+{
+    if (!CL_IS_DEVICEARRAY(st, obj)) {
+        cl_arg_error(PyExc_TypeError, func, "a", "expected a cudalab.DeviceArray, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return (DeviceArray *)obj;
+}
+
+/* fill_value converted to one element of `dtype`, as host bytes. NumPy does
+ * the conversion so the result is exactly what np.full would store. */
+static int
+scalar_bytes(cl_state *st, PyObject *value, cl_dtype dtype, const char *func, char *out)
+{
+    PyArray_Descr *descr = st->descr[dtype];
+    Py_INCREF(descr); /* stolen */
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(value, descr, 0, 0,
+                                                          NPY_ARRAY_FORCECAST, NULL);
+    if (arr == NULL) {
+        return -1;
+    }
+    if (PyArray_NDIM(arr) != 0) {
+        Py_DECREF(arr);
+        return cl_arg_error(PyExc_ValueError, func, "fill_value", "must be a scalar");
+    }
+    memcpy(out, PyArray_DATA(arr), cl_itemsize(dtype));
+    Py_DECREF(arr);
+    return 0;
+}
+
+/* Reject what np.full would turn into strings, objects or complex numbers. */
+static int
+check_fill_value(cl_state *st, PyObject *value, const char *func)
+{
+    if (PyBool_Check(value) || PyLong_Check(value) || PyFloat_Check(value)) {
+        return 0;
+    }
+    if (PyArray_IsScalar(value, Generic) || (PyArray_Check(value) &&
+                                             PyArray_NDIM((PyArrayObject *)value) == 0)) {
+        PyArray_Descr *descr = PyArray_DescrFromScalar(value);
+        int code = descr == NULL ? -1 : cl_dtype_from_descr(st, descr);
+        Py_XDECREF(descr);
+        if (code >= 0) {
+            return 0;
+        }
+    }
+    return cl_arg_error(PyExc_TypeError, func, "fill_value",
+                        "expected a real number or bool, got %.100s", Py_TYPE(value)->tp_name);
+}
+
+/* dtype=None for full(): bool -> bool, int -> int64, float -> float32 (as
+ * torch.full infers), a NumPy scalar -> its own dtype. */
+static cl_dtype
+infer_fill_dtype(cl_state *st, PyObject *value)
+{
+    if (PyBool_Check(value)) {
+        return CL_BOOL;
+    }
+    if (PyLong_Check(value)) {
+        return CL_INT64;
+    }
+    if (PyFloat_Check(value)) {
+        return CL_FLOAT32;
+    }
+    PyArray_Descr *descr = PyArray_DescrFromScalar(value);
+    int code = descr == NULL ? DEFAULT_DTYPE : cl_dtype_from_descr(st, descr);
+    Py_XDECREF(descr);
+    PyErr_Clear();
+    return code < 0 ? DEFAULT_DTYPE : (cl_dtype)code;
+}
+
+/* Allocate and fill on the current device. fill == NULL: leave uninitialized. */
+static PyObject *
+make_filled(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape, cl_dtype dtype,
+            const char *fill)
+{
+    if (cl_require_device(st, func) < 0) {
+        return NULL;
+    }
+    DeviceArray *a = cl_array_new(st, func, ndim, shape, NULL, dtype);
+    if (a == NULL || fill == NULL) {
+        return (PyObject *)a;
+    }
+    size_t n = (size_t)cl_array_size(a);
+    size_t itemsize = cl_itemsize(dtype);
+    bool all_zero = true;
+    for (size_t i = 0; i < itemsize; i++) {
+        all_zero = all_zero && fill[i] == 0;
+    }
+    if (n > 0) {
+        cudaStream_t stream = cl_current_stream(st);
+        CL_CUDA_CHECK(st, all_zero ? cudaMemsetAsync(a->data, 0, n * itemsize, stream)
+                                   : cl_fill(a->data, n, fill, itemsize, stream));
+    }
+    return (PyObject *)a;
+fail:
+    Py_DECREF(a);
+    return NULL;
+}
+
+enum fill_kind { FILL_EMPTY, FILL_ZEROS, FILL_ONES, FILL_VALUE };
+
+/* empty/zeros/ones/full(shape, [fill_value,] dtype) and the *_like forms
+ * (where the first argument is an array giving shape and default dtype). */
+static PyObject *
+create(PyObject *module, const char *func, enum fill_kind kind, bool like,
+       PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const plain_names[] = {"shape", "dtype", NULL};
+    static const char *const full_names[] = {"shape", "fill_value", "dtype", NULL};
+    static const char *const plain_like[] = {"a", "dtype", NULL};
+    static const char *const full_like[] = {"a", "fill_value", "dtype", NULL};
+    cl_state *st = cl_state_from_module(module);
+    const char *const *names = kind == FILL_VALUE ? (like ? full_like : full_names)
+                                                  : (like ? plain_like : plain_names);
+    int nrequired = kind == FILL_VALUE ? 2 : 1;
+    PyObject *argv[3];
+    Py_ssize_t shape[CL_MAX_NDIM];
+    int ndim;
+    cl_dtype dtype = DEFAULT_DTYPE;
+    char fill[8] = {0};
+
+    if (cl_parse_args(func, args, nargs, kwnames, names, nrequired, argv) < 0) {
+        return NULL;
+    }
+    PyObject *dtype_obj = argv[kind == FILL_VALUE ? 2 : 1];
+    PyObject *value = kind == FILL_VALUE ? argv[1] : NULL;
+    if (like) {
+        DeviceArray *a = expect_array(st, argv[0], func);
+        if (a == NULL) {
+            return NULL;
+        }
+        ndim = a->ndim;
+        memcpy(shape, a->shape, sizeof(Py_ssize_t) * (size_t)ndim);
+        dtype = a->dtype;
+    }
+    else if (cl_parse_shape(argv[0], func, "shape", &ndim, shape) < 0) {
+        return NULL;
+    }
+    if (value != NULL && check_fill_value(st, value, func) < 0) {
+        return NULL;
+    }
+    if (dtype_obj != NULL && dtype_obj != Py_None) {
+        if (cl_dtype_converter(st, dtype_obj, func, "dtype", &dtype) < 0) {
+            return NULL;
+        }
+    }
+    else if (value != NULL && !like) {
+        dtype = infer_fill_dtype(st, value);
+    }
+    switch (kind) {
+    case FILL_EMPTY:
+        return make_filled(st, func, ndim, shape, dtype, NULL);
+    case FILL_ZEROS:
+        return make_filled(st, func, ndim, shape, dtype, fill);
+    case FILL_ONES:
+        value = PyLong_FromLong(1);
+        if (value == NULL || scalar_bytes(st, value, dtype, func, fill) < 0) {
+            Py_XDECREF(value);
+            return NULL;
+        }
+        Py_DECREF(value);
+        return make_filled(st, func, ndim, shape, dtype, fill);
+    case FILL_VALUE:
+        if (scalar_bytes(st, value, dtype, func, fill) < 0) {
+            return NULL;
+        }
+        return make_filled(st, func, ndim, shape, dtype, fill);
+    }
+    return NULL;
+}
+
+#define CREATOR(name, kind, like, doc)                                                         \
+    PyDoc_STRVAR(name##_doc, doc);                                                              \
+    static PyObject *name(PyObject *module, PyObject *const *args, Py_ssize_t nargs,            \
+                          PyObject *kwnames)                                                    \
+    {                                                                                           \
+        return create(module, #name, kind, like, args, nargs, kwnames);                         \
+    }
+
+CREATOR(empty, FILL_EMPTY, false,
+"empty(shape, dtype=float32)\n--\n\n"
+"A new C-contiguous array with uninitialized contents.\n\n"
+"Parameters\n----------\nshape : int or tuple of int\n    Up to 8 non-negative extents.\n"
+"dtype : dtype-like, optional\n    bool, int8, uint8, int32, int64, float16, bfloat16,\n"
+"    float32 (default) or float64.")
+CREATOR(zeros, FILL_ZEROS, false,
+"zeros(shape, dtype=float32)\n--\n\nA new C-contiguous array of zeros.")
+CREATOR(ones, FILL_ONES, false,
+"ones(shape, dtype=float32)\n--\n\nA new C-contiguous array of ones.")
+CREATOR(full, FILL_VALUE, false,
+"full(shape, fill_value, dtype=None)\n--\n\n"
+"A new C-contiguous array filled with `fill_value`.\n\n"
+"With dtype=None the dtype follows torch.full: bool for a bool, int64 for an\n"
+"int, float32 for a float, and a NumPy scalar's own dtype.")
+CREATOR(empty_like, FILL_EMPTY, true,
+"empty_like(a, dtype=None)\n--\n\nAn uninitialized C-contiguous array shaped like `a`.")
+CREATOR(zeros_like, FILL_ZEROS, true,
+"zeros_like(a, dtype=None)\n--\n\nZeros shaped like `a` (its dtype unless given).")
+CREATOR(ones_like, FILL_ONES, true,
+"ones_like(a, dtype=None)\n--\n\nOnes shaped like `a` (its dtype unless given).")
+CREATOR(full_like, FILL_VALUE, true,
+"full_like(a, fill_value, dtype=None)\n--\n\n"
+"`fill_value` shaped like `a` (its dtype unless given).")
+
+/* Upload a NumPy array. Dense layouts (C, Fortran, any axis order) keep their
+ * strides and travel as one block; anything else is compacted to C order on
+ * the host first, since only its elements, not its extent, should cross PCIe. */
+static PyObject *
+upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype)
+{
+    PyArrayObject *host = arr;
+    int ndim = PyArray_NDIM(arr);
+    size_t itemsize = cl_itemsize(dtype);
+    DeviceArray *out = NULL;
+    Py_INCREF(host);
+    if (!cl_layout_is_dense(ndim, PyArray_SHAPE(arr), PyArray_STRIDES(arr), itemsize) ||
+        !PyArray_ISALIGNED(arr)) {
+        Py_DECREF(host);
+        host = (PyArrayObject *)PyArray_NewCopy(arr, NPY_CORDER);
+        if (host == NULL) {
+            return NULL;
+        }
+    }
+    out = cl_array_new(st, "asarray", ndim, PyArray_SHAPE(host), PyArray_STRIDES(host), dtype);
+    if (out == NULL) {
+        goto fail;
+    }
+    size_t nbytes = (size_t)PyArray_NBYTES(host);
+    if (nbytes > 0) {
+        cudaError_t err;
+        /* Pageable source: the runtime stages it, and the call returns once
+         * the source may be reused. */
+        CL_WITHOUT_GIL(err = cudaMemcpy(out->data, PyArray_DATA(host), nbytes,
+                                        cudaMemcpyHostToDevice));
+        CL_CUDA_CHECK(st, err);
+    }
+    Py_DECREF(host);
+    return (PyObject *)out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(host);
+    return NULL;
+}
+
+PyDoc_STRVAR(asarray_doc,
+"asarray(obj, dtype=None)\n--\n\n"
+"A DeviceArray holding `obj`'s values.\n\n"
+"A DeviceArray is returned as is (or converted when `dtype` differs).\n"
+"Anything NumPy's asarray accepts (arrays of any layout, buffers, nested\n"
+"sequences, scalars) is converted on the host by NumPy, then copied to the\n"
+"current device: a dense source keeps its strides (C, Fortran, transposed),\n"
+"any other arrives C-contiguous.\n\n"
+"Parameters\n----------\nobj : array_like or DeviceArray\n"
+"dtype : dtype-like, optional\n    Convert to this dtype (as ``np.asarray(obj, dtype)`` does).");
+
+static PyObject *
+asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"obj", "dtype", NULL};
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    cl_dtype dtype;
+    bool have_dtype = false;
+    if (cl_parse_args("asarray", args, nargs, kwnames, names, 1, argv) < 0) {
+        return NULL;
+    }
+    PyObject *obj = argv[0];
+    if (argv[1] != NULL && argv[1] != Py_None) {
+        if (cl_dtype_converter(st, argv[1], "asarray", "dtype", &dtype) < 0) {
+            return NULL;
+        }
+        have_dtype = true;
+    }
+    if (CL_IS_DEVICEARRAY(st, obj)) {
+        DeviceArray *a = (DeviceArray *)obj;
+        if (!have_dtype || dtype == a->dtype) {
+            return Py_NewRef(obj);
+        }
+        return (PyObject *)cl_array_contiguous_copy(st, "asarray", a, dtype);
+    }
+    if (!PyArray_Check(obj) && PyObject_HasAttrString(obj, "__cuda_array_interface__")) {
+        return cl_arg_error(PyExc_TypeError, "asarray", "obj",
+                            "zero-copy import of %.100s (__cuda_array_interface__) is not "
+                            "supported yet", Py_TYPE(obj)->tp_name), NULL;
+    }
+    PyArray_Descr *descr = NULL;
+    if (have_dtype) {
+        descr = st->descr[dtype];
+        Py_INCREF(descr); /* stolen */
+    }
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(obj, descr, 0, 0,
+                                                          have_dtype ? NPY_ARRAY_FORCECAST : 0,
+                                                          NULL);
+    if (arr == NULL) {
+        return NULL; /* NumPy's own error, e.g. for ragged sequences */
+    }
+    int code = cl_dtype_from_descr(st, PyArray_DESCR(arr));
+    if (code < 0) {
+        PyObject *supported = cl_supported_dtypes_text();
+        cl_arg_error(PyExc_TypeError, "asarray", "obj",
+                     "unsupported dtype %R (supported: %U)", (PyObject *)PyArray_DESCR(arr),
+                     supported);
+        Py_XDECREF(supported);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (PyArray_NDIM(arr) > CL_MAX_NDIM) {
+        cl_arg_error(PyExc_ValueError, "asarray", "obj",
+                     "%d dimensions exceed the maximum of %d", PyArray_NDIM(arr), CL_MAX_NDIM);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (cl_require_device(st, "asarray") == 0) {
+        out = upload(st, arr, (cl_dtype)code);
+    }
+    Py_DECREF(arr);
+    return out;
+}
+
+PyDoc_STRVAR(asnumpy_doc,
+"asnumpy(a)\n--\n\nCopy a DeviceArray to a new NumPy array; the same as ``a.get()``.");
+
+static PyObject *
+asnumpy(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"a", NULL};
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[1];
+    if (cl_parse_args("asnumpy", args, nargs, kwnames, names, 1, argv) < 0 ||
+        expect_array(st, argv[0], "asnumpy") == NULL) {
+        return NULL;
+    }
+    return PyObject_CallMethod(argv[0], "get", NULL);
+}
+
+PyDoc_STRVAR(ascontiguousarray_doc,
+"ascontiguousarray(a)\n--\n\n"
+"`a` itself when it is C-contiguous, otherwise a C-contiguous copy made on\n"
+"the device by the strided-copy kernel (any rank up to 8).");
+
+static PyObject *
+ascontiguousarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"a", NULL};
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[1];
+    DeviceArray *a;
+    if (cl_parse_args("ascontiguousarray", args, nargs, kwnames, names, 1, argv) < 0 ||
+        (a = expect_array(st, argv[0], "ascontiguousarray")) == NULL) {
+        return NULL;
+    }
+    if (cl_is_c_contiguous(a)) {
+        return Py_NewRef(argv[0]);
+    }
+    return (PyObject *)cl_array_contiguous_copy(st, "ascontiguousarray", a, a->dtype);
+}
+
+PyMethodDef cl_creation_methods[] = {
+    CL_FASTCALL(asarray),
+    CL_FASTCALL(asnumpy),
+    CL_FASTCALL(ascontiguousarray),
+    CL_FASTCALL(empty),
+    CL_FASTCALL(zeros),
+    CL_FASTCALL(ones),
+    CL_FASTCALL(full),
+    CL_FASTCALL(empty_like),
+    CL_FASTCALL(zeros_like),
+    CL_FASTCALL(ones_like),
+    CL_FASTCALL(full_like),
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,209 @@
+/* Shared declarations of the cudalab._core extension (plain C11).
+ *
+ * One file per concern:
+ *   module.c    init (PEP 489 multi-phase), module state, the function table
+ *   args.c      FASTCALL argument parsing
+ *   errors.c    the exception hierarchy and the helpers that raise it
+ *   dtype.c     NumPy dtype <-> cl_dtype
+ *   device.c    device query and selection
+ *   stream.c    the stream every operation is enqueued on
+ *   memory.c    the stream-ordered pool, its counters and statistics
+ *   array.c     the DeviceArray type: attributes, views, indexing, reshape
+ *   creation.c  constructors and host <-> device copies
+ */
+#ifndef CUDALAB_CORE_H
+#define CUDALAB_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Every translation unit shares the one NumPy API table that module.c imports. */
+#define PY_ARRAY_UNIQUE_SYMBOL cudalab_ARRAY_API
+#ifndef CUDALAB_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include <cuda_runtime_api.h>
+#include "kernels.h"
+
+#define CL_MAX_DEVICES 64
+
+/* ---- per-device state, owned by the module state ------------------------ */
+
+typedef struct cl_device_state {
+    bool pool_ready;          /* pool created and configured */
+    cudaMemPool_t pool;       /* our own pool (not the device default pool) */
+    size_t total_memory;      /* cudaMemGetInfo total, read once */
+    double fraction;          /* set_per_process_memory_fraction, 1.0 = no limit */
+    /* Counters the driver does not keep. requested_* are the bytes callers
+     * asked for (the per-process limit is enforced on these). */
+    size_t requested_current;
+    size_t requested_peak;
+    long long num_allocs;
+    long long num_frees;
+    long long num_ooms;
+    long long num_alloc_retries;
+} cl_device_state;
+
+typedef struct cl_state {
+    PyTypeObject *DeviceArray_Type;
+    PyObject *CudalabError;
+    PyObject *CudaError;
+    PyObject *CublasError;
+    PyObject *OutOfMemoryError;
+    PyObject *NoDeviceError;
+    PyArray_Descr *descr[CL_NUM_DTYPES]; /* canonical NumPy dtype of each cl_dtype */
+    PyObject *bfloat16_type;             /* ml_dtypes.bfloat16 */
+    int device_count;                    /* -1 until first asked */
+    cudaError_t device_count_error;      /* why device_count is 0, if it is */
+    cl_device_state devices[CL_MAX_DEVICES];
+} cl_state;
+
+cl_state *cl_state_from_module(PyObject *module);
+cl_state *cl_state_from_type(PyTypeObject *type);
+
+/* ---- DeviceArray --------------------------------------------------------- */
+
+typedef struct DeviceArray {
+    PyObject_HEAD
+    char *data;                       /* first element (NULL when size == 0) */
+    int ndim;
+    cl_dtype dtype;
+    int device;
+    Py_ssize_t shape[CL_MAX_NDIM];
+    Py_ssize_t strides[CL_MAX_NDIM]; /* bytes */
+    /* Ownership: an owner has base == NULL and frees `alloc` on `alloc_stream`
+     * when it dies; a view holds a strong reference to its (root) owner. */
+    PyObject *base;
+    void *alloc;
+    size_t alloc_bytes;               /* bytes the caller asked for */
+    cudaStream_t alloc_stream;
+    PyObject *weakreflist;
+} DeviceArray;
+
+extern PyType_Spec cl_DeviceArray_spec;
+
+#define CL_IS_DEVICEARRAY(state, obj) (Py_TYPE(obj) == (state)->DeviceArray_Type)
+
+Py_ssize_t cl_array_size(const DeviceArray *a);
+size_t cl_itemsize(cl_dtype dtype);
+bool cl_is_c_contiguous(const DeviceArray *a);
+bool cl_is_f_contiguous(const DeviceArray *a);
+/* Dense with positive strides in some axis order: its bytes are exactly
+ * [data, data + nbytes), so it can be copied as one block. */
+bool cl_is_dense(const DeviceArray *a);
+void cl_c_strides(int ndim, const Py_ssize_t *shape, size_t itemsize, Py_ssize_t *strides);
+
+bool cl_layout_is_dense(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+                        size_t itemsize);
+/* New owner array on the current device, memory from its pool. With
+ * strides == NULL it is C-contiguous; explicit byte strides must describe a
+ * dense layout. `func` names the public function for error messages. */
+DeviceArray *cl_array_new(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides, cl_dtype dtype);
+/* New view of `src`'s memory; keeps the root owner alive. */
+DeviceArray *cl_array_view(cl_state *st, DeviceArray *src, char *data, int ndim,
+                           const Py_ssize_t *shape, const Py_ssize_t *strides);
+/* dst (any layout, same shape) <- src with dtype conversion, on the current stream. */
+int cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src);
+/* C-contiguous copy of `a` in `dtype`, on a's device. */
+DeviceArray *cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a,
+                                      cl_dtype dtype);
+
+/* ---- dtype (dtype.c) ----------------------------------------------------- */
+
+int cl_dtype_init(PyObject *module, cl_state *st);
+/* NumPy descr -> cl_dtype; -1 if unsupported (no exception set). */
+int cl_dtype_from_descr(cl_state *st, PyArray_Descr *descr);
+/* Any dtype-like object -> cl_dtype; raises TypeError naming func/param. */
+int cl_dtype_converter(cl_state *st, PyObject *obj, const char *func, const char *param,
+                       cl_dtype *out);
+const char *cl_dtype_name(cl_dtype dtype);
+PyObject *cl_supported_dtypes_text(void);
+
+/* ---- errors (errors.c) --------------------------------------------------- */
+
+int cl_errors_init(PyObject *module, cl_state *st);
+/* Raise CudaError for `err` (which is cleared from the runtime). Returns -1. */
+int cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *file, int line);
+int cl_raise_no_device(cl_state *st, const char *func);
+/* OutOfMemoryError with a message a PyTorch user recognizes; `limit_reason`
+ * non-zero when our per-process limit (not the driver) refused. */
+int cl_raise_oom(cl_state *st, int device, size_t requested, size_t allocated, size_t reserved,
+                 size_t free_bytes, size_t total, size_t limit, int limit_reason);
+/* TypeError/ValueError with the "<func>() argument '<param>': ..." prefix. */
+int cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char *fmt, ...);
+
+/* Every CUDA call goes through this: on failure it raises CudaError carrying
+ * the expression, file and line and jumps to the function's `fail` label. */
+#define CL_CUDA_CHECK(st, expr)                                                   \
+    do {                                                                          \
+        cudaError_t cl_err_ = (expr);                                             \
+        if (cl_err_ != cudaSuccess) {                                             \
+            cl_raise_cuda((st), cl_err_, #expr, __FILE__, __LINE__);              \
+            goto fail;                                                            \
+        }                                                                         \
+    } while (0)
+
+/* ---- devices (device.c) -------------------------------------------------- */
+
+extern PyMethodDef cl_device_methods[];
+/* Number of usable devices (0 without GPU or driver); never raises. */
+int cl_device_count(cl_state *st);
+/* 0 when a device exists, else raises NoDeviceError naming func. */
+int cl_require_device(cl_state *st, const char *func);
+/* Parse an optional `device` argument (None = current). Validates before
+ * touching the GPU, then requires one. Returns -1 with an exception set. */
+int cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device);
+int cl_current_device(cl_state *st, int *device);
+/* Make `device` current for an operation on its arrays; cl_device_exit puts
+ * the caller's device back (a no-op when they were the same). */
+int cl_device_enter(cl_state *st, int device, int *previous);
+void cl_device_exit(int device, int previous);
+/* Parse an index argument: Python int (not bool), returned as Py_ssize_t. */
+int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out);
+
+/* ---- streams (stream.c) -------------------------------------------------- */
+
+cudaStream_t cl_current_stream(cl_state *st);
+
+/* ---- memory (memory.c) --------------------------------------------------- */
+
+extern PyMethodDef cl_memory_methods[];
+/* Allocate from the device's pool on `stream`. nbytes == 0 gives NULL.
+ * Enforces the per-process limit; on failure trims the pool, retries once,
+ * then raises OutOfMemoryError. Returns 0 or -1. */
+int cl_malloc(cl_state *st, const char *func, int device, size_t nbytes, cudaStream_t stream,
+              void **out);
+/* Stream-ordered free; never raises (called from dealloc). */
+void cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream);
+
+/* ---- creation (creation.c) ----------------------------------------------- */
+
+extern PyMethodDef cl_creation_methods[];
+/* Parse a shape argument (int or sequence of ints). */
+int cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
+                   Py_ssize_t *shape);
+
+/* ---- helpers --------------------------------------------------------------- */
+
+/* Map FASTCALL positional + keyword arguments onto `names` (NULL-terminated);
+ * the first `nrequired` must be given, the others come back NULL when absent. */
+int cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  const char *const *names, int nrequired, PyObject **out);
+
+/* A METH_FASTCALL | METH_KEYWORDS table entry for function `name` with docstring `name##_doc`. */
+#define CL_FASTCALL(name) \
+    {#name, (PyCFunction)(void (*)(void))name, METH_FASTCALL | METH_KEYWORDS, name##_doc}
+
+/* Run `stmt` with the GIL released (for anything that may block). */
+#define CL_WITHOUT_GIL(stmt)                                                      \
+    do {                                                                          \
+        Py_BEGIN_ALLOW_THREADS stmt;                                              \
+        Py_END_ALLOW_THREADS                                                      \
+    } while (0)
+
+#endif /* CUDALAB_CORE_H */

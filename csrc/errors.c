@@ -1,0 +1,193 @@
+/* The exception hierarchy (DESIGN.md) and the helpers every file raises with.
+ *
+ *   CudalabError(RuntimeError)          base of CUDA-side failures
+ *     CudaError                         a cudaError_t: .code .name .expression .file .line
+ *     CublasError                       a cublasStatus_t, same attributes
+ *     OutOfMemoryError(.., MemoryError) .requested .allocated .reserved .free .total .limit
+ *     NoDeviceError                     no GPU or no driver
+ *
+ * Bad arguments are plain TypeError/ValueError whose message starts with
+ * "<func>() argument '<param>': ". */
+#include "cudalab.h"
+#include <stdarg.h>
+
+static PyObject *
+new_exception(PyObject *module, const char *name, const char *doc, PyObject *bases)
+{
+    char qualified[64];
+    snprintf(qualified, sizeof(qualified), "cudalab.%s", name);
+    PyObject *exc = PyErr_NewExceptionWithDoc(qualified, doc, bases, NULL);
+    if (exc == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, name, exc) < 0) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    return exc;
+}
+
+int
+cl_errors_init(PyObject *module, cl_state *st)
+{
+    st->CudalabError = new_exception(module, "CudalabError",
+        "Base class of the errors cudalab raises for CUDA-side failures.", PyExc_RuntimeError);
+    if (st->CudalabError == NULL) {
+        return -1;
+    }
+    st->CudaError = new_exception(module, "CudaError",
+        "A CUDA runtime call failed.\n\nAttributes: code (the cudaError_t value), name\n"
+        "(e.g. 'cudaErrorInvalidValue'), expression, file, line.", st->CudalabError);
+    st->CublasError = new_exception(module, "CublasError",
+        "A cuBLAS or cuBLASLt call failed.\n\nAttributes: code (the cublasStatus_t value),\n"
+        "name, expression, file, line.", st->CudalabError);
+    st->NoDeviceError = new_exception(module, "NoDeviceError",
+        "No CUDA device (or no driver) is available for a call that needs one.",
+        st->CudalabError);
+    if (st->CudaError == NULL || st->CublasError == NULL || st->NoDeviceError == NULL) {
+        return -1;
+    }
+    PyObject *bases = PyTuple_Pack(2, st->CudalabError, PyExc_MemoryError);
+    if (bases == NULL) {
+        return -1;
+    }
+    st->OutOfMemoryError = new_exception(module, "OutOfMemoryError",
+        "The device (or the per-process limit) could not satisfy an allocation.\n\n"
+        "Also a MemoryError. Attributes, in bytes: requested, allocated, reserved,\n"
+        "free, total, limit; and device.", bases);
+    Py_DECREF(bases);
+    return st->OutOfMemoryError == NULL ? -1 : 0;
+}
+
+/* Raise `type(message)` with integer/string attributes set from `attrs`. */
+static int
+raise_with_attrs(PyObject *type, PyObject *message, PyObject *attrs)
+{
+    if (message == NULL || attrs == NULL) {
+        Py_XDECREF(message);
+        Py_XDECREF(attrs);
+        return -1;
+    }
+    PyObject *exc = PyObject_CallOneArg(type, message);
+    Py_DECREF(message);
+    if (exc == NULL) {
+        Py_DECREF(attrs);
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(attrs, &pos, &key, &value)) {
+        if (PyObject_SetAttr(exc, key, value) < 0) {
+            Py_DECREF(attrs);
+            Py_DECREF(exc);
+            return -1;
+        }
+    }
+    Py_DECREF(attrs);
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
+int
+cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *file, int line)
+{
+    /* Non-sticky errors stay in the runtime's "last error" slot; clear it so
+     * the next, unrelated check does not see it again. */
+    (void)cudaGetLastError();
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+        return cl_raise_no_device(st, NULL);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+        /* Reaching here means an allocation outside the pool path failed. */
+        PyErr_Format(st->OutOfMemoryError, "CUDA out of memory in %s (%s:%d)", expr, file, line);
+        return -1;
+    }
+    const char *name = cudaGetErrorName(err);
+    const char *text = cudaGetErrorString(err);
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    PyObject *message = PyUnicode_FromFormat("%s (%d): %s\n  in %s at %s:%d", name, (int)err,
+                                             text, expr, base, line);
+    PyObject *attrs = Py_BuildValue("{s:i,s:s,s:s,s:s,s:i}", "code", (int)err, "name", name,
+                                    "expression", expr, "file", base, "line", line);
+    return raise_with_attrs(st->CudaError, message, attrs);
+}
+
+int
+cl_raise_no_device(cl_state *st, const char *func)
+{
+    const char *why = cudaGetErrorString(st->device_count_error);
+    if (st->device_count_error == cudaSuccess) {
+        why = "the driver reports zero devices";
+    }
+    if (func != NULL) {
+        PyErr_Format(st->NoDeviceError, "%s(): no CUDA device is available (%s)", func, why);
+    }
+    else {
+        PyErr_Format(st->NoDeviceError, "no CUDA device is available (%s)", why);
+    }
+    return -1;
+}
+
+/* "1.50 GiB": the unit PyTorch's messages use. */
+static void
+format_bytes(char *buf, size_t size, size_t n)
+{
+    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    double value = (double)n;
+    int unit = 0;
+    while (value >= 1024.0 && unit < 4) {
+        value /= 1024.0;
+        unit++;
+    }
+    if (unit == 0) {
+        snprintf(buf, size, "%zu bytes", n);
+    }
+    else {
+        snprintf(buf, size, "%.2f %s", value, units[unit]);
+    }
+}
+
+int
+cl_raise_oom(cl_state *st, int device, size_t requested, size_t allocated, size_t reserved,
+             size_t free_bytes, size_t total, size_t limit, int limit_reason)
+{
+    char req[32], alloc[32], res[32], fre[32], tot[32], lim[32];
+    format_bytes(req, sizeof req, requested);
+    format_bytes(alloc, sizeof alloc, allocated);
+    format_bytes(res, sizeof res, reserved > allocated ? reserved - allocated : 0);
+    format_bytes(fre, sizeof fre, free_bytes);
+    format_bytes(tot, sizeof tot, total);
+    format_bytes(lim, sizeof lim, limit);
+    PyObject *message = PyUnicode_FromFormat(
+        "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which "
+        "%s is free. Of the allocated memory %s is allocated by cudalab, and %s is reserved by "
+        "cudalab but unallocated.%s%s%s",
+        req, device, tot, fre, alloc, res,
+        limit_reason ? " The per-process memory limit of " : "", limit_reason ? lim : "",
+        limit_reason ? " (set_per_process_memory_fraction) would be exceeded." : "");
+    PyObject *attrs = Py_BuildValue("{s:i,s:n,s:n,s:n,s:n,s:n,s:n}", "device", device,
+                                    "requested", (Py_ssize_t)requested,
+                                    "allocated", (Py_ssize_t)allocated,
+                                    "reserved", (Py_ssize_t)reserved,
+                                    "free", (Py_ssize_t)free_bytes,
+                                    "total", (Py_ssize_t)total,
+                                    "limit", (Py_ssize_t)limit);
+    return raise_with_attrs(st->OutOfMemoryError, message, attrs);
+}
+
+int
+cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char *fmt, ...)
+{
+    va_list va;
+    va_start(va, fmt);
+    PyObject *detail = PyUnicode_FromFormatV(fmt, va);
+    va_end(va);
+    if (detail == NULL) {
+        return -1;
+    }
+    PyErr_Format(exc_type, "%s() argument '%s': %U", func, param, detail);
+    Py_DECREF(detail);
+    return -1;
+}

@@ -1,0 +1,106 @@
+"""cudalab: hands-on, measured GPU performance lessons from Python.
+
+The core is a C extension (``cudalab._core``) wrapping cudalab's own CUDA
+kernels and cuBLAS; this package re-exports its API with names that follow
+``torch.cuda`` and NumPy/CuPy habits::
+
+    import numpy as np
+    import cudalab as cl
+
+    x = cl.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    y = x.T.copy()             # transposed view, then a C-contiguous copy
+    print(y.get(), cl.memory_allocated())
+"""
+
+from . import _core
+from ._core import (
+    MAX_NDIM,
+    CublasError,
+    CudaError,
+    CudalabError,
+    DeviceArray,
+    NoDeviceError,
+    OutOfMemoryError,
+    ascontiguousarray,
+    asarray,
+    asnumpy,
+    current_device,
+    device_count,
+    driver_version,
+    empty,
+    empty_cache,
+    empty_like,
+    full,
+    full_like,
+    get_per_process_memory_fraction,
+    is_available,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    ones,
+    ones_like,
+    reset_peak_memory_stats,
+    runtime_version,
+    set_device,
+    set_per_process_memory_fraction,
+    synchronize,
+    zeros,
+    zeros_like,
+)
+from .devices import (
+    DeviceProperties,
+    device,
+    get_device_capability,
+    get_device_name,
+    get_device_properties,
+)
+from .memory import memory_summary
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAX_NDIM",
+    "CublasError",
+    "CudaError",
+    "CudalabError",
+    "DeviceArray",
+    "DeviceProperties",
+    "NoDeviceError",
+    "OutOfMemoryError",
+    "ascontiguousarray",
+    "asarray",
+    "asnumpy",
+    "current_device",
+    "device",
+    "device_count",
+    "driver_version",
+    "empty",
+    "empty_cache",
+    "empty_like",
+    "full",
+    "full_like",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "get_per_process_memory_fraction",
+    "is_available",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "ones",
+    "ones_like",
+    "reset_peak_memory_stats",
+    "runtime_version",
+    "set_device",
+    "set_per_process_memory_fraction",
+    "synchronize",
+    "zeros",
+    "zeros_like",
+]

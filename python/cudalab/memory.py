@@ -1,0 +1,187 @@
+"""Human-readable reports of the stream-ordered memory pool's statistics.
+
+``_core.memory_stats`` returns a flat dict of counters (PyTorch-style key
+names); :func:`memory_summary` formats it as a fixed-width table in the spirit
+of ``torch.cuda.memory_summary``. The formatting is a pure function,
+:func:`format_memory_summary`, so that it can be tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from . import _core
+
+__all__ = ["format_bytes", "format_memory_summary", "memory_summary"]
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+# Keys format_memory_summary reads; _core.memory_stats returns exactly these.
+_STAT_KEYS = (
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",
+    "requested_bytes.all.current",
+    "requested_bytes.all.peak",
+    "allocation.all.current",
+    "allocation.all.allocated",
+    "allocation.all.freed",
+    "num_alloc_retries",
+    "num_ooms",
+    "limit_bytes",
+    "fraction",
+    "device_free_bytes",
+    "device_total_bytes",
+)
+
+# Table geometry: "| label | v | v | v | v |".
+_LABEL_WIDTH = 21
+_VALUE_WIDTH = 11  # fits the longest format_bytes output, "1023.99 KiB"
+_NUM_VALUES = 4
+_INNER_WIDTH = _LABEL_WIDTH + _NUM_VALUES * (_VALUE_WIDTH + 3) + 2  # between the outer bars
+
+
+def format_bytes(n: int) -> str:
+    """Format a byte count with binary units.
+
+    Parameters
+    ----------
+    n : int
+        Number of bytes (may be negative).
+
+    Returns
+    -------
+    str
+        Whole bytes below 1 KiB (``"0 B"``, ``"1023 B"``), otherwise two
+        decimals in the largest unit up to TiB (``"1.50 KiB"``, ``"1.00 GiB"``).
+
+    Examples
+    --------
+    >>> format_bytes(1536)
+    '1.50 KiB'
+    """
+    n = int(n)
+    size = abs(n)
+    sign = "-" if n < 0 else ""
+    if size < 1024:
+        return f"{sign}{size} B"
+    value = float(size)
+    unit = 0
+    # Move up while the value would print as 1024.00 or more, so that
+    # 1073741823 reads "1.00 GiB" and not "1024.00 MiB".
+    while round(value, 2) >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    return f"{sign}{value:.2f} {_UNITS[unit]}"
+
+
+def _border(char: str) -> str:
+    return "|" + char * _INNER_WIDTH + "|"
+
+
+def _row(label: str, *values: str) -> str:
+    cells = " | ".join(f"{v:>{_VALUE_WIDTH}}" for v in values)
+    return f"| {label:<{_LABEL_WIDTH}} | {cells} |"
+
+
+def _wide_row(label: str, text: str) -> str:
+    # One value spanning all value columns.
+    width = _INNER_WIDTH - _LABEL_WIDTH - 5
+    return f"| {label:<{_LABEL_WIDTH}} | {text:<{width}} |"
+
+
+def format_memory_summary(stats: Mapping[str, int | float], device: int, abbreviated: bool = False) -> str:
+    """Format memory statistics as a fixed-width text table.
+
+    Parameters
+    ----------
+    stats : mapping
+        The dict ``_core.memory_stats`` returns (keys such as
+        ``"allocated_bytes.all.current"``, ``"num_ooms"``, ``"limit_bytes"``).
+    device : int
+        Device index, shown in the title.
+    abbreviated : bool, optional
+        If True, show only the memory rows (allocated, requested, reserved),
+        leaving out the allocation counts and the limit / device rows.
+
+    Returns
+    -------
+    str
+        The table, one line per row, no trailing newline. A "-" marks a
+        statistic the pool does not track.
+
+    Raises
+    ------
+    KeyError
+        If ``stats`` lacks a key; the message names every missing key.
+    """
+    missing = [k for k in _STAT_KEYS if k not in stats]
+    if missing:
+        raise KeyError(f"format_memory_summary(): stats lack {', '.join(missing)}")
+
+    title = f"cudalab memory summary, device {device}"
+    ooms = f"OOMs: {stats['num_ooms']}"
+    retries = f"alloc retries: {stats['num_alloc_retries']}"
+    half = (_INNER_WIDTH - 1) // 2
+    lines = [
+        _border("="),
+        f"|{title:^{_INNER_WIDTH}}|",
+        _border("-"),
+        f"|{ooms:^{half}}|{retries:^{_INNER_WIDTH - half - 1}}|",
+        _border("="),
+        _row("Metric", "Current", "Peak", "Total", "Freed"),
+        _border("-"),
+    ]
+    # The pool tracks no cumulative byte totals, hence "-" in the last two columns.
+    for label, key in (
+        ("Allocated memory", "allocated_bytes"),
+        ("Requested memory", "requested_bytes"),
+        ("Reserved memory", "reserved_bytes"),
+    ):
+        current = format_bytes(stats[f"{key}.all.current"])
+        peak = format_bytes(stats[f"{key}.all.peak"])
+        lines.append(_row(label, current, peak, "-", "-"))
+
+    if not abbreviated:
+        lines += [
+            _border("-"),
+            _row(
+                "Allocations",
+                str(stats["allocation.all.current"]),
+                "-",
+                str(stats["allocation.all.allocated"]),
+                str(stats["allocation.all.freed"]),
+            ),
+            _border("-"),
+            _wide_row(
+                "Per-process limit",
+                f"{format_bytes(stats['limit_bytes'])} (fraction {float(stats['fraction']):.2f})",
+            ),
+            _wide_row(
+                "Device free / total",
+                f"{format_bytes(stats['device_free_bytes'])} / {format_bytes(stats['device_total_bytes'])}",
+            ),
+        ]
+    lines.append(_border("="))
+    return "\n".join(lines)
+
+
+def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
+    """Return a readable table of the memory pool's statistics for a device.
+
+    Parameters
+    ----------
+    device : int, optional
+        Device index; None (the default) means the current device.
+    abbreviated : bool, optional
+        If True, show only the allocated / requested / reserved memory rows.
+
+    Returns
+    -------
+    str
+        See :func:`format_memory_summary`.
+    """
+    stats = _core.memory_stats(device)
+    index = _core.current_device() if device is None else device
+    return format_memory_summary(stats, index, abbreviated=abbreviated)
