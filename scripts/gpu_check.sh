@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build cudalab on a GPU machine, run the whole test suite with
+# CUDALAB_REQUIRE_GPU=1 (a skipped GPU test is a failure), and write a JSON
+# summary (device, driver/runtime versions, passed/failed counts) to
+# benchmarks/results/gpu_check_<device>.json.
+#
+# Usage: scripts/gpu_check.sh [extra pytest args]
+# Logs go to $OUT when it is set (and to build/gpu_check/ otherwise).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+LOGS=${OUT:-build/gpu_check}
+mkdir -p "$LOGS" benchmarks/results
+export PYTHONUNBUFFERED=1
+
+echo "== build"
+start=$(date +%s)
+CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+  "$PYTHON" -m pip install --no-build-isolation --no-deps -v . >"$LOGS/build.log" 2>&1
+build_rc=$?
+build_s=$(( $(date +%s) - start ))
+tail -n 5 "$LOGS/build.log"
+if [ $build_rc -ne 0 ]; then
+  echo "build failed (rc=$build_rc); see $LOGS/build.log"
+  tail -n 60 "$LOGS/build.log"
+  exit $build_rc
+fi
+echo "built in ${build_s}s"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv >"$LOGS/nvidia_smi.csv" 2>&1 && cat "$LOGS/nvidia_smi.csv"
+
+echo "== tests (CUDALAB_REQUIRE_GPU=1)"
+start=$(date +%s)
+CUDALAB_REQUIRE_GPU=1 "$PYTHON" -m pytest -p no:cacheprovider -q -rfEs \
+  --junitxml="$LOGS/junit.xml" "$@" 2>&1 | tee "$LOGS/pytest.log"
+test_rc=${PIPESTATUS[0]}
+test_s=$(( $(date +%s) - start ))
+
+"$PYTHON" scripts/gpu_summary.py --junit "$LOGS/junit.xml" --build-seconds "$build_s" \
+  --test-seconds "$test_s" --command "scripts/gpu_check.sh${*:+ $*}" --outdir benchmarks/results \
+  --copy-to "$LOGS"
+exit $test_rc
