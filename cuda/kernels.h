@@ -1,5 +1,5 @@
 /* cudalab kernel launchers: the only interface between the Python extension
- * (csrc/, plain C) and the CUDA code (cuda/*.cu).
+ * (csrc/, plain C) and the CUDA code (the .cu files in cuda/).
  *
  * Rules: launchers take raw device pointers, sizes and a cudaStream_t, enqueue
  * work on that stream and return the cudaError_t of the launch (or of argument
