@@ -188,6 +188,30 @@ extern PyMethodDef cl_creation_methods[];
 int cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
                    Py_ssize_t *shape);
 
+/* ---- compute ops (one file each; module.c adds every table) ---------------- */
+
+extern PyMethodDef cl_elementwise_methods[]; /* ops_elementwise.c */
+extern PyMethodDef cl_reduce_methods[];      /* ops_reduce.c */
+extern PyMethodDef cl_transpose_methods[];   /* ops_transpose.c */
+extern PyMethodDef cl_random_methods[];      /* ops_random.c */
+extern PyMethodDef cl_blas_methods[];        /* blas.c */
+
+/* DeviceArray's number protocol (array.c's slots point here). Binary slots
+ * receive operands in either order and return Py_NotImplemented for types
+ * they do not handle. ops_elementwise.c: */
+PyObject *cl_nb_add(PyObject *a, PyObject *b);
+PyObject *cl_nb_subtract(PyObject *a, PyObject *b);
+PyObject *cl_nb_multiply(PyObject *a, PyObject *b);
+PyObject *cl_nb_true_divide(PyObject *a, PyObject *b);
+PyObject *cl_nb_inplace_add(PyObject *a, PyObject *b);
+PyObject *cl_nb_inplace_subtract(PyObject *a, PyObject *b);
+PyObject *cl_nb_inplace_multiply(PyObject *a, PyObject *b);
+PyObject *cl_nb_inplace_true_divide(PyObject *a, PyObject *b);
+PyObject *cl_nb_negative(PyObject *a);
+PyObject *cl_nb_absolute(PyObject *a);
+/* blas.c: */
+PyObject *cl_nb_matrix_multiply(PyObject *a, PyObject *b);
+
 /* ---- helpers --------------------------------------------------------------- */
 
 /* Map FASTCALL positional + keyword arguments onto `names` (NULL-terminated);

@@ -48,7 +48,12 @@ cl_exec(PyObject *module)
 
     if (PyModule_AddFunctions(module, cl_device_methods) < 0 ||
         PyModule_AddFunctions(module, cl_memory_methods) < 0 ||
-        PyModule_AddFunctions(module, cl_creation_methods) < 0) {
+        PyModule_AddFunctions(module, cl_creation_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_elementwise_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_reduce_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_transpose_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_random_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_blas_methods) < 0) {
         return -1;
     }
     if (PyModule_AddIntConstant(module, "MAX_NDIM", CL_MAX_NDIM) < 0) {

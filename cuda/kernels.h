@@ -57,6 +57,14 @@ cudaError_t cl_copy_cast(void *dst, cl_dtype dst_dtype, const int64_t *dst_strid
 cudaError_t cl_fill(void *dst, size_t n, const void *value, size_t itemsize,
                     cudaStream_t stream);
 
+/* ---- elementwise.cu ------------------------------------------------------ */
+
+/* ---- reduce.cu ----------------------------------------------------------- */
+
+/* ---- transpose.cu -------------------------------------------------------- */
+
+/* ---- random.cu ----------------------------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif
