@@ -28,8 +28,24 @@ if [ $build_rc -ne 0 ]; then
 fi
 echo "built in ${build_s}s"
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw \
-  --format=csv >"$LOGS/nvidia_smi.csv" 2>&1 && cat "$LOGS/nvidia_smi.csv"
+echo "== device report"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv
+  "$PYTHON" - <<'PY'
+import cudalab as cl
+
+print(cl.get_device_properties(0))
+cl.set_per_process_memory_fraction(0.1)
+try:
+    cl.empty(cl.mem_get_info()[1] // 2, dtype="uint8")
+except cl.OutOfMemoryError as e:
+    print(f"OutOfMemoryError: {e}")
+finally:
+    cl.set_per_process_memory_fraction(1.0)
+print(cl.memory_summary())
+PY
+} 2>&1 | tee "$LOGS/device_report.txt"
 
 echo "== tests (CUDALAB_REQUIRE_GPU=1)"
 start=$(date +%s)
