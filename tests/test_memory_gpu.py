@@ -13,29 +13,13 @@ import psutil
 import pytest
 
 import cudalab
+from cudalab.memory import STAT_KEYS
 
 pytestmark = pytest.mark.gpu
 
 GiB = 1 << 30
 MiB = 1 << 20
 
-STATS_KEYS = [
-    "allocated_bytes.all.current",
-    "allocated_bytes.all.peak",
-    "reserved_bytes.all.current",
-    "reserved_bytes.all.peak",
-    "requested_bytes.all.current",
-    "requested_bytes.all.peak",
-    "allocation.all.current",
-    "allocation.all.allocated",
-    "allocation.all.freed",
-    "num_alloc_retries",
-    "num_ooms",
-    "limit_bytes",
-    "fraction",
-    "device_free_bytes",
-    "device_total_bytes",
-]
 
 
 def random_f32(rng: np.random.Generator, shape) -> np.ndarray:
@@ -131,9 +115,9 @@ def test_memory_stats_keys_and_consistency(memory_baseline):
     """memory_stats() has every documented key and agrees with the getters."""
     stats = cudalab.memory_stats()
     assert isinstance(stats, dict)
-    missing = [k for k in STATS_KEYS if k not in stats]
+    missing = [k for k in STAT_KEYS if k not in stats]
     assert not missing, f"memory_stats() lacks {missing}"
-    for k in STATS_KEYS:
+    for k in STAT_KEYS:
         assert isinstance(stats[k], (int, float)) and not isinstance(stats[k], bool), k
         if k != "fraction":
             assert isinstance(stats[k], int), k

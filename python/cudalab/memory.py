@@ -12,12 +12,12 @@ from collections.abc import Mapping
 
 from . import _core
 
-__all__ = ["format_bytes", "format_memory_summary", "memory_summary"]
+__all__ = ["STAT_KEYS", "format_bytes", "format_memory_summary", "memory_summary"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
-# Keys format_memory_summary reads; _core.memory_stats returns exactly these.
-_STAT_KEYS = (
+# The keys _core.memory_stats() returns (and format_memory_summary reads).
+STAT_KEYS = (
     "allocated_bytes.all.current",
     "allocated_bytes.all.peak",
     "reserved_bytes.all.current",
@@ -116,7 +116,7 @@ def format_memory_summary(stats: Mapping[str, int | float], device: int, abbrevi
     KeyError
         If ``stats`` lacks a key; the message names every missing key.
     """
-    missing = [k for k in _STAT_KEYS if k not in stats]
+    missing = [k for k in STAT_KEYS if k not in stats]
     if missing:
         raise KeyError(f"format_memory_summary(): stats lack {', '.join(missing)}")
 
