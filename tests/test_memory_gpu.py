@@ -21,7 +21,6 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-
 def random_f32(rng: np.random.Generator, shape) -> np.ndarray:
     return rng.standard_normal(size=shape).astype(np.float32)
 
