@@ -12,12 +12,16 @@ default stream that both libraries use, after warm-up; median and IQR of
 Module API for the benchmark driver: run(quick: bool) -> list[dict]. Each dict:
 {"op": "matmul", "impl": "cudalab" | "torch", "shape": (m, n, k), "dtype": ...,
  "precision": "highest" | "high" | None, "median_ms", "iqr_ms", "tflops", "flops"}
-and, on cudalab rows when torch ran, "vs_torch" (TFLOP/s ratio). Run as a script
+and, on cudalab rows when torch ran, "vs_torch" (TFLOP/s ratio). With
+CUDALAB_BENCH_MATMUL_BACKENDS=1 each dtype also gets a "cudalab[lt]" or
+"cudalab[cublas]" row: the backend that is not the dtype's default (cuBLASLt
+for all but float64), to choose between them on a new GPU. Run as a script
 to print the table: python benchmarks/bench_matmul.py [--quick]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -133,10 +137,26 @@ def run(quick: bool = False) -> list[dict]:
                 torch, lambda: cudalab.matmul(a, b, out=c, precision=precision), warmup, repeats
             )
             ours = _row("cudalab", n, label, precision, times)
+            extra = []
+            if os.environ.get("CUDALAB_BENCH_MATMUL_BACKENDS", "") == "1":
+                # The other backend too (cuBLASLt vs cublasGemmStridedBatchedEx).
+                default = cudalab._core._set_matmul_backend(dtype, "lt")
+                other = "cublas" if default == "lt" else "lt"
+                cudalab._core._set_matmul_backend(dtype, other)
+                try:
+                    times = _time(
+                        torch,
+                        lambda: cudalab.matmul(a, b, out=c, precision=precision),
+                        warmup,
+                        repeats,
+                    )
+                finally:
+                    cudalab._core._set_matmul_backend(dtype, default)
+                extra.append(_row(f"cudalab[{other}]", n, label, precision, times))
             del a, b, c
 
             if torch is None:
-                results.append(ours)
+                results += [ours] + extra
                 continue
 
             # torch, same shape and dtype, its own random data
@@ -152,8 +172,9 @@ def run(quick: bool = False) -> list[dict]:
             del ta, tb, tc
             torch.cuda.empty_cache()
 
-            ours["vs_torch"] = ours["tflops"] / theirs["tflops"]
-            results += [ours, theirs]
+            for row in [ours] + extra:
+                row["vs_torch"] = row["tflops"] / theirs["tflops"]
+            results += [ours] + extra + [theirs]
     finally:
         if torch is not None:
             with warnings.catch_warnings():
@@ -164,14 +185,14 @@ def run(quick: bool = False) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        f"{'dtype':<9} {'impl':<8} {'shape':<16} {'median ms':>10} {'IQR ms':>8} "
+        f"{'dtype':<9} {'impl':<16} {'shape':<16} {'median ms':>10} {'IQR ms':>8} "
         f"{'TFLOP/s':>8} {'vs torch':>9}"
     ]
     for r in rows:
         ratio = r.get("vs_torch")
         mark = "" if ratio is None else f"{ratio:8.3f}" + (" " if ratio >= TARGET_RATIO else "!")
         lines.append(
-            f"{r['dtype']:<9} {r['impl']:<8} {'x'.join(map(str, r['shape'])):<16} "
+            f"{r['dtype']:<9} {r['impl']:<16} {'x'.join(map(str, r['shape'])):<16} "
             f"{r['median_ms']:>10.3f} {r['iqr_ms']:>8.3f} {r['tflops']:>8.1f} {mark:>9}"
         )
     return "\n".join(lines)

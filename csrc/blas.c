@@ -44,8 +44,9 @@
  * dimensions, batch count and strides, pointer alignments), in a small table
  * with round-robin eviction. When cuBLASLt offers no algorithm (or refuses
  * the chosen one), the plan falls back to cublasGemmStridedBatchedEx_64.
- * float64 goes to cublasGemmStridedBatchedEx_64 directly (see USE_LT): that
- * is the library path torch.mm takes for doubles.
+ * float64 goes to cublasGemmStridedBatchedEx_64 directly (see use_lt): that
+ * is the library path torch.mm takes for doubles; the private
+ * _set_matmul_backend(dtype, 'lt'|'cublas') switches a dtype for benchmarks.
  *
  * Every cuBLAS/cuBLASLt status goes through CL_CUBLAS_CHECK, which raises
  * CublasError (code, name, expression, file, line) and jumps to `fail`. */
@@ -62,9 +63,10 @@
 #define PLAN_CACHE_SIZE 32
 #define MAX_OUTER_CALLS 16
 
-/* Whether dtype's main path is cuBLASLt (true) or cublasGemmStridedBatchedEx. */
-static const bool USE_LT[CL_NUM_DTYPES] = {
-    [CL_FLOAT16] = true, [CL_BFLOAT16] = true, [CL_FLOAT32] = true, [CL_FLOAT64] = false,
+/* Whether dtype's main path is cuBLASLt (1) or cublasGemmStridedBatchedEx (0).
+ * Process-wide; _set_matmul_backend (private, for benchmarks) changes it. */
+static _Atomic int use_lt[CL_NUM_DTYPES] = {
+    [CL_FLOAT16] = 1, [CL_BFLOAT16] = 1, [CL_FLOAT32] = 1, [CL_FLOAT64] = 0,
 };
 
 enum { PREC_HIGHEST = 0, PREC_HIGH = 1 };
@@ -127,6 +129,7 @@ typedef struct mm_key {
     int device;
     int dtype;
     int compute;          /* cublasComputeType_t */
+    int lt;               /* try cuBLASLt first */
     int opx, opy;         /* cublasOperation_t of X (our b) and Y (our a) */
     int64_t m, n, k;
     int64_t ldx, ldy, ldc;
@@ -419,7 +422,7 @@ plan_create(cl_state *st, blas_handle *h, mm_plan *p, const mm_key *key)
     p->used = true;
     p->use_lt = false;
     p->key = *key;
-    if (!USE_LT[dtype] || key->batch > INT32_MAX) {
+    if (!key->lt || key->batch > INT32_MAX) {
         return 0;
     }
     int32_t opx = key->opx, opy = key->opy;
@@ -1041,6 +1044,7 @@ do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyOb
     key.device = device;
     key.dtype = (int)dtype;
     key.compute = (int)compute_type(dtype, precision);
+    key.lt = atomic_load(&use_lt[dtype]);
     key.opx = (int)op_b;
     key.opy = (int)op_a;
     key.m = N;
@@ -1183,8 +1187,48 @@ get_float32_matmul_precision(PyObject *module, PyObject *unused)
     return PyUnicode_FromString(precision_names[atomic_load(&float32_precision)]);
 }
 
+PyDoc_STRVAR(_set_matmul_backend_doc,
+"_set_matmul_backend(dtype, backend)\n--\n\n"
+"Private, for benchmarks: route `dtype`'s matmuls to 'lt' (cuBLASLt with a\n"
+"cached heuristic choice, the default except for float64) or 'cublas'\n"
+"(cublasGemmStridedBatchedEx). Returns the previous backend.");
+
+static PyObject *
+_set_matmul_backend(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames)
+{
+    static const char *const names[] = {"dtype", "backend", NULL};
+    static const char *func = "_set_matmul_backend";
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    cl_dtype dtype;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0 ||
+        cl_dtype_converter(st, argv[0], func, "dtype", &dtype) < 0) {
+        return NULL;
+    }
+    if (!is_matmul_dtype(dtype)) {
+        return cl_arg_error(PyExc_TypeError, func, "dtype", "unsupported dtype %s",
+                            cl_dtype_name(dtype)), NULL;
+    }
+    int lt;
+    if (PyUnicode_Check(argv[1]) && PyUnicode_CompareWithASCIIString(argv[1], "lt") == 0) {
+        lt = 1;
+    }
+    else if (PyUnicode_Check(argv[1]) &&
+             PyUnicode_CompareWithASCIIString(argv[1], "cublas") == 0) {
+        lt = 0;
+    }
+    else {
+        return cl_arg_error(PyExc_ValueError, func, "backend", "expected 'lt' or 'cublas', got %R",
+                            argv[1]), NULL;
+    }
+    int before = atomic_exchange(&use_lt[dtype], lt);
+    return PyUnicode_FromString(before ? "lt" : "cublas");
+}
+
 PyMethodDef cl_blas_methods[] = {
     CL_FASTCALL(matmul),
+    CL_FASTCALL(_set_matmul_backend),
     CL_FASTCALL(set_float32_matmul_precision),
     {"get_float32_matmul_precision", get_float32_matmul_precision, METH_NOARGS,
      get_float32_matmul_precision_doc},

@@ -128,3 +128,16 @@ def test_matmul_calling_convention():
     with pytest.raises(TypeError, match="multiple values for argument 'b'"):
         cudalab.matmul(1, 2, b=3)
 
+
+
+def test_private_backend_switch_round_trip():
+    """_set_matmul_backend (for benchmarks) returns the previous backend."""
+    set_backend = cudalab._core._set_matmul_backend
+    assert set_backend("float64", "cublas") == "cublas"  # float64's default
+    assert set_backend(np.float32, "lt") == "lt"  # everything else defaults to cuBLASLt
+    assert set_backend("float32", "cublas") == "lt"
+    assert set_backend("float32", "lt") == "cublas"
+    with pytest.raises(ValueError, match=arg_error("_set_matmul_backend", "backend")):
+        set_backend("float32", "cutlass")
+    with pytest.raises(TypeError, match=arg_error("_set_matmul_backend", "dtype")):
+        set_backend("int32", "lt")
