@@ -128,3 +128,14 @@ def set_per_process_memory_fraction(fraction: float, device: int | None = None) 
 def get_per_process_memory_fraction(device: int | None = None) -> float: ...
 def mem_get_info(device: int | None = None) -> tuple[int, int]: ...  # (free, total)
 def memory_stats(device: int | None = None) -> dict[str, int | float]: ...
+
+# ---- matmul (cuBLASLt / cuBLAS; csrc/blas.c) -------------------------------
+
+def matmul(
+    a: DeviceArray,
+    b: DeviceArray,
+    out: DeviceArray | None = None,
+    precision: str | None = None,  # "highest" | "high"; None: the process-wide setting
+) -> DeviceArray: ...
+def set_float32_matmul_precision(precision: str) -> None: ...  # "highest" | "high"
+def get_float32_matmul_precision() -> str: ...  # "highest" (default) | "high" (TF32)

@@ -1,0 +1,143 @@
+"""CPU tier: matmul's API and the argument errors that need no device array.
+
+Checked before any device access (so the same with or without a GPU):
+the float32 precision setting, matmul's `precision` argument (validated first),
+non-DeviceArray operands, and the calling convention. Dtype/shape/out errors
+need real DeviceArrays and live in test_matmul_gpu.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import cudalab
+
+
+def arg_error(func: str, param: str) -> str:
+    return rf"{re.escape(func)}\(\) argument '{re.escape(param)}'"
+
+
+@pytest.fixture
+def restore_precision():
+    saved = cudalab.get_float32_matmul_precision()
+    try:
+        yield
+    finally:
+        cudalab.set_float32_matmul_precision(saved)
+
+
+def test_public_names():
+    for name in ("matmul", "set_float32_matmul_precision", "get_float32_matmul_precision"):
+        assert name in cudalab.__all__
+        assert getattr(cudalab, name) is getattr(cudalab._core, name)
+
+
+def test_matmul_signature_and_doc():
+    sig = inspect.signature(cudalab.matmul)
+    assert list(sig.parameters) == ["a", "b", "out", "precision"]
+    assert sig.parameters["out"].default is None
+    assert sig.parameters["precision"].default is None
+    doc = cudalab.matmul.__doc__
+    assert "Parameters" in doc and "Returns" in doc and "precision" in doc
+    assert list(inspect.signature(cudalab.set_float32_matmul_precision).parameters) == [
+        "precision"
+    ]
+    assert list(inspect.signature(cudalab.get_float32_matmul_precision).parameters) == []
+
+
+def test_devicearray_has_matmul_operator():
+    assert hasattr(cudalab.DeviceArray, "__matmul__")
+    assert hasattr(cudalab.DeviceArray, "__rmatmul__")
+
+
+# ------------------------------------------------------------ precision ----
+
+
+def test_default_precision_is_highest():
+    # Nothing in this process should have changed it outside a restoring fixture.
+    assert cudalab.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.parametrize("value", ["high", "highest"])
+def test_set_get_precision_round_trip(restore_precision, value):
+    cudalab.set_float32_matmul_precision(value)
+    assert cudalab.get_float32_matmul_precision() == value
+    cudalab.set_float32_matmul_precision(precision="highest")
+    assert cudalab.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.parametrize("value", ["medium", "HIGH", "", "tf32", "highest "])
+def test_set_precision_bad_string_is_value_error(restore_precision, value):
+    before = cudalab.get_float32_matmul_precision()
+    with pytest.raises(ValueError, match=arg_error("set_float32_matmul_precision", "precision")):
+        cudalab.set_float32_matmul_precision(value)
+    assert cudalab.get_float32_matmul_precision() == before
+
+
+@pytest.mark.parametrize("value", [None, 1, b"high", 0.5, ["high"]])
+def test_set_precision_non_string_is_type_error(restore_precision, value):
+    with pytest.raises(TypeError, match=arg_error("set_float32_matmul_precision", "precision")):
+        cudalab.set_float32_matmul_precision(value)
+
+
+def test_set_precision_calling_convention():
+    with pytest.raises(TypeError, match="missing required argument 'precision'"):
+        cudalab.set_float32_matmul_precision()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'mode'"):
+        cudalab.set_float32_matmul_precision(mode="high")
+    with pytest.raises(TypeError):
+        cudalab.get_float32_matmul_precision("high")
+
+
+# --------------------------------------------------------------- matmul ----
+
+
+@pytest.mark.parametrize("value", ["medium", "HIGHEST", "tf32"])
+def test_matmul_bad_precision_string_is_value_error(value):
+    """`precision` is validated before the operands (so no arrays are needed)."""
+    with pytest.raises(ValueError, match=arg_error("matmul", "precision")):
+        cudalab.matmul(np.ones((2, 2)), np.ones((2, 2)), precision=value)
+
+
+@pytest.mark.parametrize("value", [1, True, 3.0, b"high"])
+def test_matmul_non_string_precision_is_type_error(value):
+    with pytest.raises(TypeError, match=arg_error("matmul", "precision")):
+        cudalab.matmul(np.ones((2, 2)), np.ones((2, 2)), precision=value)
+
+
+@pytest.mark.parametrize(
+    "a", [np.ones((2, 2), dtype=np.float32), [[1.0, 2.0]], 3.0, None, "a"],
+    ids=["ndarray", "list", "float", "None", "str"],
+)
+def test_matmul_non_devicearray_operand_is_type_error(a):
+    with pytest.raises(TypeError, match=arg_error("matmul", "a")):
+        cudalab.matmul(a, np.ones((2, 2), dtype=np.float32))
+
+
+def test_matmul_calling_convention():
+    with pytest.raises(TypeError, match="missing required argument 'b'"):
+        cudalab.matmul(np.ones((2, 2)))
+    with pytest.raises(TypeError, match="at most 4 positional"):
+        cudalab.matmul(1, 2, None, None, 5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'alpha'"):
+        cudalab.matmul(1, 2, alpha=2.0)
+    with pytest.raises(TypeError, match="multiple values for argument 'b'"):
+        cudalab.matmul(1, 2, b=3)
+
+
+
+def test_private_backend_switch_round_trip():
+    """_set_matmul_backend (for benchmarks) returns the previous backend."""
+    set_backend = cudalab._core._set_matmul_backend
+    assert set_backend("float64", "cublas") == "cublas"  # float64's default
+    assert set_backend(np.float32, "lt") == "lt"  # everything else defaults to cuBLASLt
+    assert set_backend("float32", "cublas") == "lt"
+    assert set_backend("float32", "lt") == "cublas"
+    with pytest.raises(ValueError, match=arg_error("_set_matmul_backend", "backend")):
+        set_backend("float32", "cutlass")
+    with pytest.raises(TypeError, match=arg_error("_set_matmul_backend", "dtype")):
+        set_backend("int32", "lt")
