@@ -47,6 +47,7 @@ from ._core import (
     set_device,
     set_per_process_memory_fraction,
     synchronize,
+    transpose,
     zeros,
     zeros_like,
 )
@@ -58,6 +59,7 @@ from .devices import (
     get_device_properties,
 )
 from .memory import memory_summary
+from . import random
 
 __version__ = "0.1.0"
 
@@ -96,11 +98,13 @@ __all__ = [
     "memory_summary",
     "ones",
     "ones_like",
+    "random",
     "reset_peak_memory_stats",
     "runtime_version",
     "set_device",
     "set_per_process_memory_fraction",
     "synchronize",
+    "transpose",
     "zeros",
     "zeros_like",
 ]
