@@ -23,7 +23,22 @@ import pytest
 import cudalab
 import cudalab.random as clr
 
-from test_transpose_random_cpu import KAT, philox4x32_10
+
+def _load_reference():
+    """The pure-Python Philox and the published vectors live in the CPU-tier
+    module; load it by path so this works under any pytest import mode."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("test_transpose_random_cpu.py")
+    spec = importlib.util.spec_from_file_location("_cudalab_philox_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ref = _load_reference()
+KAT, philox4x32_10 = _ref.KAT, _ref.philox4x32_10
 
 pytestmark = pytest.mark.gpu
 
