@@ -6,10 +6,14 @@
 //   1. same dtype, both dense in the same order  -> one cudaMemcpyAsync
 //   2. both contiguous after merging, any dtypes -> copy_cast_contiguous:
 //      flat grid-stride loop, coalesced on both sides
-//   3. anything else                             -> copy_cast_strided:
+//   3. same dtype, two axes left, destination rows unit-stride and source
+//      columns unit-stride (dst strides (N, 1), src strides (1, M): the
+//      source is the transpose of the destination, as in
+//      ascontiguousarray(a.T)) -> cl_transpose_2d's best tiled kernel
+//      (transpose.cu), coalesced on both sides through shared memory
+//   4. anything else                             -> copy_cast_strided:
 //      one thread per destination element (in destination order, so writes
 //      coalesce), source offset decoded from the index axis by axis
-// Faster transposes (tiled through shared memory) belong to transpose.cu.
 #include "kernels.h"
 #include "dtype_convert.cuh"
 
@@ -148,6 +152,13 @@ cl_copy_cast(void *dst, cl_dtype dst_dtype, const int64_t *dst_strides, const vo
         static const size_t sizes[CL_NUM_DTYPES] = {1, 1, 1, 4, 8, 2, 2, 4, 8};
         return cudaMemcpyAsync(dst, src, (size_t)n * sizes[dst_dtype], cudaMemcpyDeviceToDevice,
                                stream);
+    }
+    if (dst_dtype == src_dtype && dl.ndim == 2 && dl.strides[1] == 1 && sl.strides[0] == 1 &&
+        sl.strides[1] != 1) {
+        // dst[r][c] = src[r + c * s]: dst is the transpose of the matrix S
+        // (C x R, row stride s) that src's memory holds.
+        return cl_transpose_2d(dst, dl.strides[0], src, sl.strides[1], 1, dl.shape[1],
+                               dl.shape[0], dst_dtype, CL_TRANSPOSE_BEST, stream);
     }
     switch (src_dtype) {
     case CL_BOOL: return dispatch_dst<bool>(dst_dtype, dst, src, contiguous, dl, sl, n, stream);

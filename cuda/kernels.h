@@ -63,7 +63,45 @@ cudaError_t cl_fill(void *dst, size_t n, const void *value, size_t itemsize,
 
 /* ---- transpose.cu -------------------------------------------------------- */
 
+/* The teaching versions of the 2-D transpose (described in transpose.cu). */
+typedef enum cl_transpose_method {
+    CL_TRANSPOSE_NAIVE = 0,          /* v1: coalesced reads, strided writes */
+    CL_TRANSPOSE_COALESCED_WRITE,    /* v2: strided reads, coalesced writes */
+    CL_TRANSPOSE_TILED,              /* v3: 32x32 shared tile, bank conflicts */
+    CL_TRANSPOSE_TILED_PADDED,       /* v4: 32x33 shared tile */
+    CL_TRANSPOSE_BEST,               /* v5: 64x64 padded tile, 16 elements/thread */
+    CL_TRANSPOSE_NUM_METHODS
+} cl_transpose_method;
+
+/* B = A.T as raw bits of `dtype`'s size: A is rows x cols with element
+ * strides (src_stride0, src_stride1) (any sign), B is cols x rows with
+ * B[j][i] at dst[j * ld_dst + i]. `method` is a cl_transpose_method. */
+cudaError_t cl_transpose_2d(void *dst, int64_t ld_dst, const void *src, int64_t src_stride0,
+                            int64_t src_stride1, int64_t rows, int64_t cols, cl_dtype dtype,
+                            int method, cudaStream_t stream);
+
 /* ---- random.cu ----------------------------------------------------------- */
+
+/* Counter-based Philox4x32-10 streams (described in random.cu). Element
+ * group g of a call uses counter (g_lo, g_hi, offset_lo, offset_hi) and key
+ * (key_lo, key_hi), so results depend only on (key, offset, index), never on
+ * the grid. `out` is a contiguous buffer of n elements of `dtype`. */
+/* float16/bfloat16/float32/float64: mean + std * N(0, 1) (Box-Muller). */
+cudaError_t cl_random_normal(void *out, cl_dtype dtype, int64_t n, double mean, double std,
+                             uint64_t key, uint64_t offset, cudaStream_t stream);
+/* float types: uniform in [low, high); low and high must be exactly
+ * representable in dtype and low < high. */
+cudaError_t cl_random_uniform(void *out, cl_dtype dtype, int64_t n, double low, double high,
+                              uint64_t key, uint64_t offset, cudaStream_t stream);
+/* int8/uint8/int32/int64: low + k with k uniform in [0, span] (inclusive;
+ * span = high - 1 - low as an unsigned 64-bit number), unbiased (Lemire's
+ * multiply-shift with rejection). */
+cudaError_t cl_random_integers(void *out, cl_dtype dtype, int64_t n, int64_t low, uint64_t span,
+                               uint64_t key, uint64_t offset, cudaStream_t stream);
+/* One Philox4x32-10 block in a one-thread kernel, for known-answer tests:
+ * out (device, 4 words) = philox(counter, key). */
+cudaError_t cl_philox4x32_10(uint32_t *out, const uint32_t counter[4], const uint32_t key[2],
+                             cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -50,6 +50,7 @@ from ._core import (
     set_float32_matmul_precision,
     set_per_process_memory_fraction,
     synchronize,
+    transpose,
     zeros,
     zeros_like,
 )
@@ -61,6 +62,7 @@ from .devices import (
     get_device_properties,
 )
 from .memory import memory_summary
+from . import random
 
 __version__ = "0.1.0"
 
@@ -101,12 +103,14 @@ __all__ = [
     "memory_summary",
     "ones",
     "ones_like",
+    "random",
     "reset_peak_memory_stats",
     "runtime_version",
     "set_device",
     "set_float32_matmul_precision",
     "set_per_process_memory_fraction",
     "synchronize",
+    "transpose",
     "zeros",
     "zeros_like",
 ]

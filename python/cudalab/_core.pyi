@@ -139,3 +139,26 @@ def matmul(
 ) -> DeviceArray: ...
 def set_float32_matmul_precision(precision: str) -> None: ...  # "highest" | "high"
 def get_float32_matmul_precision() -> str: ...  # "highest" (default) | "high" (TF32)
+
+# ---- transpose and device random numbers (ops_transpose.c, ops_random.c) ----
+
+from typing import Literal, Sequence
+
+_TransposeMethod = Literal["naive", "coalesced_write", "tiled", "tiled_padded", "best"]
+
+def transpose(a: DeviceArray, method: _TransposeMethod = "best") -> DeviceArray: ...  # new C-contiguous a.T
+def _random_normal(
+    shape: _ShapeLike, mean: float = 0.0, std: float = 1.0, dtype: _DTypeLike | None = None,
+    seed: int = 0, offset: int = 0,
+) -> DeviceArray: ...
+def _random_uniform(
+    shape: _ShapeLike, low: float = 0.0, high: float = 1.0, dtype: _DTypeLike | None = None,
+    seed: int = 0, offset: int = 0,
+) -> DeviceArray: ...
+def _random_integers(
+    shape: _ShapeLike, low: int, high: int | None = None, dtype: _DTypeLike | None = None,
+    seed: int = 0, offset: int = 0,
+) -> DeviceArray: ...
+def _philox4x32_10(
+    counter: Sequence[int], key: Sequence[int]
+) -> tuple[int, int, int, int]: ...  # one block on the device (known-answer tests)
