@@ -128,3 +128,25 @@ def set_per_process_memory_fraction(fraction: float, device: int | None = None) 
 def get_per_process_memory_fraction(device: int | None = None) -> float: ...
 def mem_get_info(device: int | None = None) -> tuple[int, int]: ...  # (free, total)
 def memory_stats(device: int | None = None) -> dict[str, int | float]: ...
+
+# ---- reductions (ops_reduce.c, cuda/reduce.cu) ----------------------------
+
+_Axis = Union[SupportsIndex, tuple[SupportsIndex], None]
+
+def sum(
+    a: DeviceArray,
+    axis: _Axis = None,
+    keepdims: bool = False,
+    dtype: _DTypeLike | None = None,
+    out: DeviceArray | None = None,
+) -> DeviceArray: ...
+def mean(
+    a: DeviceArray,
+    axis: _Axis = None,
+    keepdims: bool = False,
+    dtype: _DTypeLike | None = None,
+    out: DeviceArray | None = None,
+) -> DeviceArray: ...
+def max(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
+def min(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
+def argmax(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
