@@ -522,6 +522,31 @@ wave_blocks(Kernel kernel, int64_t *out)
     return cudaSuccess;
 }
 
+// How many pieces to cut each of `base` independent work items into so that
+// the blocks fill whole waves: the smallest split count (at most max_splits)
+// with the best ratio of blocks to wave slots over at most ~4 waves. Pure
+// arithmetic on the shape and the device, so the plan never varies.
+int64_t
+pick_splits(int64_t base, int64_t wave, int64_t max_splits)
+{
+    if (base >= 4 * wave || max_splits <= 1) {
+        return 1;
+    }
+    int64_t limit = ceil_div(4 * wave, base);
+    limit = limit < max_splits ? limit : max_splits;
+    int64_t best = 1;
+    double best_eff = 0.0;
+    for (int64_t s = 1; s <= limit; s++) {
+        const int64_t blocks = base * s;
+        const double eff = (double)blocks / (double)(ceil_div(blocks, wave) * wave);
+        if (eff > best_eff + 1e-9) {
+            best_eff = eff;
+            best = s;
+        }
+    }
+    return best;
+}
+
 bool
 aligned(const void *p, size_t bytes)
 {
@@ -563,10 +588,9 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
         if ((err = wave_blocks(reduce_rows<In, Op, Out>, &wave)) != cudaSuccess) {
             return err;
         }
-        if (p.tpr == kThreads && outputs < wave) {
-            int64_t splits = ceil_div(wave, outputs);
-            const int64_t max_splits = ceil_div(nvec, (int64_t)kThreads * kUnroll);
-            splits = splits < max_splits ? splits : max_splits;
+        if (p.tpr == kThreads) {
+            const int64_t splits =
+                pick_splits(outputs, wave, ceil_div(nvec, (int64_t)kThreads * kUnroll));
             if (splits > 1) {
                 p.per_split = ceil_div(nvec, splits);
                 p.splits = ceil_div(nvec, p.per_split);
@@ -616,14 +640,11 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
     if ((err = wave_blocks(reduce_cols<In, Op, Out>, &wave)) != cudaSuccess) {
         return err;
     }
-    if (p.tiles < wave) {
-        int64_t splits = ceil_div(wave, p.tiles);
-        const int64_t max_splits = ceil_div(d->len, (int64_t)kWarps * kUnroll * 2);
-        splits = splits < max_splits ? splits : max_splits;
-        if (splits > 1) {
-            p.per_split = ceil_div(d->len, splits);
-            p.splits = ceil_div(d->len, p.per_split);
-        }
+    const int64_t splits =
+        pick_splits(p.tiles, wave, ceil_div(d->len, (int64_t)kWarps * kUnroll * 2));
+    if (splits > 1) {
+        p.per_split = ceil_div(d->len, splits);
+        p.splits = ceil_div(d->len, p.per_split);
     }
     const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
     if (need != nullptr) {
