@@ -484,41 +484,54 @@ grid_of(int64_t blocks)
     return (unsigned int)(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
 }
 
+constexpr int kCachedDevices = 256;
+
 cudaError_t
 sm_count(int *out)
 {
-    static int cache[256];
+    static int cache[kCachedDevices];
     int device;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) {
         return err;
     }
-    if (device >= 0 && device < 256 && cache[device] > 0) {
+    if (device >= 0 && device < kCachedDevices && cache[device] > 0) {
         *out = cache[device];
         return cudaSuccess;
     }
     err = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess && device >= 0 && device < 256) {
+    if (err == cudaSuccess && device >= 0 && device < kCachedDevices) {
         cache[device] = *out;
     }
     return err;
 }
 
 // Resident blocks of `kernel` on the whole GPU: the grid one wave fills.
+// `cache` (one per kernel, indexed by device) keeps the occupancy answer.
 template <typename Kernel>
 cudaError_t
-wave_blocks(Kernel kernel, int64_t *out)
+wave_blocks(Kernel kernel, int *cache, int64_t *out)
 {
-    int sms, per_sm = 0;
+    int sms, device, per_sm = 0;
     cudaError_t err = sm_count(&sms);
-    if (err != cudaSuccess) {
+    if (err != cudaSuccess || (err = cudaGetDevice(&device)) != cudaSuccess) {
         return err;
     }
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
-    if (err != cudaSuccess) {
-        return err;
+    const bool cacheable = device >= 0 && device < kCachedDevices;
+    if (cacheable && cache[device] > 0) {
+        per_sm = cache[device];
     }
-    *out = (int64_t)sms * (per_sm > 0 ? per_sm : 1);
+    else {
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+        if (err != cudaSuccess) {
+            return err;
+        }
+        per_sm = per_sm > 0 ? per_sm : 1;
+        if (cacheable) {
+            cache[device] = per_sm;
+        }
+    }
+    *out = (int64_t)sms * per_sm;
     return cudaSuccess;
 }
 
@@ -585,7 +598,8 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
         p.splits = 1;
         p.per_split = nvec;
         int64_t wave;
-        if ((err = wave_blocks(reduce_rows<In, Op, Out>, &wave)) != cudaSuccess) {
+        static int occupancy[kCachedDevices];
+        if ((err = wave_blocks(reduce_rows<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
             return err;
         }
         if (p.tpr == kThreads) {
@@ -637,7 +651,8 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
     p.per_split = d->len;
     p.mean = mean;
     int64_t wave;
-    if ((err = wave_blocks(reduce_cols<In, Op, Out>, &wave)) != cudaSuccess) {
+    static int occupancy[kCachedDevices];
+    if ((err = wave_blocks(reduce_cols<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
         return err;
     }
     const int64_t splits =
