@@ -61,6 +61,49 @@ cudaError_t cl_fill(void *dst, size_t n, const void *value, size_t itemsize,
 
 /* ---- reduce.cu ----------------------------------------------------------- */
 
+/* Reductions. Output element (o, i), stored C-contiguously at dst[o * inner + i],
+ * combines the `len` elements src[o * outer_stride + r * len_stride + i * inner_stride]
+ * (element strides), r = 0 .. len-1. A reduction over everything of a dense
+ * array is outer = inner = 1, len = size, len_stride = 1. len may be 0 for
+ * SUM (gives 0) and MEAN (gives NaN); MAX/MIN/ARGMAX need len > 0 (checked by
+ * the caller, as NumPy raises). ARGMAX gives the index along the reduced axis
+ * (first occurrence on ties, first NaN if any). Results are bit-identical run
+ * to run: no atomics, and the plan depends only on the layout and device. */
+typedef enum cl_reduce_op {
+    CL_REDUCE_SUM = 0,
+    CL_REDUCE_MEAN,
+    CL_REDUCE_MAX,
+    CL_REDUCE_MIN,
+    CL_REDUCE_ARGMAX,
+    CL_REDUCE_NUM_OPS
+} cl_reduce_op;
+
+typedef struct cl_reduce_desc {
+    cl_reduce_op op;
+    cl_dtype src_dtype;
+    cl_dtype dst_dtype; /* must be cl_reduce_result_dtype(op, src_dtype) */
+    const void *src;
+    void *dst;
+    int64_t outer, outer_stride;
+    int64_t inner, inner_stride;
+    int64_t len, len_stride;
+} cl_reduce_desc;
+
+/* The dtype the kernels produce for `op` on `src`: SUM -> int64 for bool and
+ * integers, else src (float16/bfloat16 accumulate in float32); MEAN ->
+ * float64 for bool and integers, else src; MAX/MIN -> src; ARGMAX -> int64.
+ * -1 for an invalid op or dtype. Pure host code, no CUDA call. */
+int cl_reduce_result_dtype(cl_reduce_op op, cl_dtype src);
+
+/* Bytes of scratch cl_reduce needs for `desc` on the current device (0 when
+ * one pass suffices); queries the device's SM count and kernel occupancy. */
+cudaError_t cl_reduce_workspace(const cl_reduce_desc *desc, size_t *bytes);
+
+/* Enqueue the reduction; `workspace` (from cl_reduce_workspace, aligned to 16
+ * bytes) holds per-block partials that a second kernel combines in order. */
+cudaError_t cl_reduce(const cl_reduce_desc *desc, void *workspace, size_t workspace_bytes,
+                      cudaStream_t stream);
+
 /* ---- transpose.cu -------------------------------------------------------- */
 
 /* The teaching versions of the 2-D transpose (described in transpose.cu). */

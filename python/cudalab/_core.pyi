@@ -162,3 +162,25 @@ def _random_integers(
 def _philox4x32_10(
     counter: Sequence[int], key: Sequence[int]
 ) -> tuple[int, int, int, int]: ...  # one block on the device (known-answer tests)
+
+# ---- reductions (ops_reduce.c, cuda/reduce.cu) ----------------------------
+
+_Axis = Union[SupportsIndex, tuple[SupportsIndex], None]
+
+def sum(
+    a: DeviceArray,
+    axis: _Axis = None,
+    keepdims: bool = False,
+    dtype: _DTypeLike | None = None,
+    out: DeviceArray | None = None,
+) -> DeviceArray: ...
+def mean(
+    a: DeviceArray,
+    axis: _Axis = None,
+    keepdims: bool = False,
+    dtype: _DTypeLike | None = None,
+    out: DeviceArray | None = None,
+) -> DeviceArray: ...
+def max(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
+def min(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
+def argmax(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
