@@ -16,9 +16,11 @@
 //      the first 16-byte boundary and a scalar tail. Each thread keeps up to
 //      four independent accumulators, then warp shuffles and shared memory
 //      combine them. When there are fewer rows than the GPU holds blocks
-//      (a reduction over everything is one row), each row is split into
-//      `splits` equal chunks: per-chunk partials go to the workspace and
-//      finalize_rows (one warp per row) combines them in a fixed order.
+//      (a reduction over everything is one row), each row is shared by
+//      `splits` blocks that interleave tile by tile (so the grid streams
+//      through memory together, as a grid-stride loop does): per-split
+//      partials go to the workspace and finalize_rows (one warp per row)
+//      combines them in a fixed order.
 //   2. reduce_cols  -- the reduced axis is strided (or tiny). Threads map to
 //      output elements, so a warp reads consecutive memory of one input row
 //      of the reduction and walks down the reduced axis: 32 lanes x up to
@@ -193,8 +195,7 @@ struct RowsParams {
     int64_t outer_stride; // elements
     int64_t inner_stride; // elements
     int64_t len;          // elements per row
-    int64_t splits;       // chunks per row
-    int64_t per_split;    // 16-byte vectors per chunk
+    int64_t splits;       // blocks sharing a row, interleaved tile by tile
     int tpr;              // threads per row: 32 or kThreads
     int mean;
 };
@@ -237,10 +238,13 @@ __global__ void __launch_bounds__(kThreads) reduce_rows(RowsParams a)
         if (s == a.splits - 1 && lane < a.len - tail) {
             acc[1 % L] = Op::combine(acc[1 % L], Op::make(p[tail + lane], tail + lane));
         }
+        // Splits interleave tile by tile (a tile is kUnroll vectors per
+        // thread), so at any moment the whole grid streams through one
+        // region of memory; each split's set of tiles is fixed by the plan.
         const uint4 *vp = reinterpret_cast<const uint4 *>(p + head);
-        int64_t v = s * a.per_split + lane;
-        const int64_t vend = (s + 1) * a.per_split < nvec ? (s + 1) * a.per_split : nvec;
-        for (; v + (kUnroll - 1) * tpr < vend; v += kUnroll * tpr) {
+        const int64_t step = a.splits * kUnroll * tpr;
+        int64_t v = s * kUnroll * tpr + lane;
+        for (; v + (kUnroll - 1) * tpr < nvec; v += step) {
             uint4 raw[kUnroll];
 #pragma unroll
             for (int u = 0; u < kUnroll; u++) {
@@ -256,13 +260,18 @@ __global__ void __launch_bounds__(kThreads) reduce_rows(RowsParams a)
                 }
             }
         }
-        for (; v < vend; v += tpr) {
-            uint4 raw = __ldg(vp + v);
-            const In *e = reinterpret_cast<const In *>(&raw);
-            const int64_t base = head + v * N;
+        // The one tile that straddles the end (later tiles start past it).
 #pragma unroll
-            for (int k = 0; k < N; k++) {
-                acc[k % L] = Op::combine(acc[k % L], Op::make(e[k], base + k));
+        for (int u = 0; u < kUnroll; u++) {
+            const int64_t idx = v + u * tpr;
+            if (idx < nvec) {
+                uint4 raw = __ldg(vp + idx);
+                const In *e = reinterpret_cast<const In *>(&raw);
+                const int64_t base = head + idx * N;
+#pragma unroll
+                for (int k = 0; k < N; k++) {
+                    acc[k % L] = Op::combine(acc[k % L], Op::make(e[k], base + k));
+                }
             }
         }
         State t = acc[0];
@@ -596,19 +605,14 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
         p.tpr = d->len * (int64_t)sizeof(In) >= 8192 ? kThreads : 32;
         const int64_t nvec = ceil_div(d->len, N);
         p.splits = 1;
-        p.per_split = nvec;
         int64_t wave;
         static int occupancy[kCachedDevices];
         if ((err = wave_blocks(reduce_rows<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
             return err;
         }
         if (p.tpr == kThreads) {
-            const int64_t splits =
-                pick_splits(outputs, wave, ceil_div(nvec, (int64_t)kThreads * kUnroll));
-            if (splits > 1) {
-                p.per_split = ceil_div(nvec, splits);
-                p.splits = ceil_div(nvec, p.per_split);
-            }
+            // At most one split per tile, so every split has work.
+            p.splits = pick_splits(outputs, wave, ceil_div(nvec, (int64_t)kThreads * kUnroll));
         }
         p.mean = mean;
         const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
