@@ -59,6 +59,53 @@ cudaError_t cl_fill(void *dst, size_t n, const void *value, size_t itemsize,
 
 /* ---- elementwise.cu ------------------------------------------------------ */
 
+/* The element-wise operations. Binary ones read in[0] and in[1]; AXPY computes
+ * alpha * in[0] + in[1] with one rounding (a fused multiply-add); the others
+ * are unary and read in[0]. Append only. */
+typedef enum cl_ew_op {
+    CL_EW_ADD = 0,
+    CL_EW_SUB,
+    CL_EW_MUL,
+    CL_EW_DIV,
+    CL_EW_MAXIMUM, /* NaN-propagating, as NumPy */
+    CL_EW_MINIMUM,
+    CL_EW_AXPY,
+    CL_EW_NEG,
+    CL_EW_ABS,
+    CL_EW_EXP,
+    CL_EW_LOG,
+    CL_EW_SQRT,
+    CL_EW_TANH,
+    CL_EW_SIGMOID,
+    CL_EW_RELU,
+    CL_EW_GELU,      /* erf form */
+    CL_EW_GELU_TANH, /* tanh approximation */
+    CL_EW_NUM_OPS
+} cl_ew_op;
+
+/* One input of an element-wise op: an array (data != NULL) addressed through
+ * `strides` (elements, one per output axis, 0 on broadcast axes), or a scalar
+ * (data == NULL) whose value is `fvalue` for floating dtypes (converted to the
+ * dtype on the device exactly as astype does) or `ivalue` for integer and
+ * bool dtypes. */
+typedef struct cl_ew_operand {
+    const void *data;
+    const int64_t *strides;
+    double fvalue;
+    int64_t ivalue;
+} cl_ew_operand;
+
+/* out = op(in[0], in[1]) for every index of `shape` (rank <= 8; ndim 0 is one
+ * element). Every array has dtype `dtype`: callers cast mixed operands first.
+ * `alpha` is read only by CL_EW_AXPY (a scalar operand, may be NULL
+ * otherwise). `out` may be exactly in[k] (same pointer and strides); any
+ * other overlap is the caller's to avoid. Contiguous operands with 16-byte
+ * aligned pointers take the vectorized path; everything else the strided
+ * one. cudaErrorInvalidValue for an op the dtype does not support. */
+cudaError_t cl_elementwise(cl_ew_op op, cl_dtype dtype, void *out, const int64_t *out_strides,
+                           int ndim, const int64_t *shape, const cl_ew_operand *in,
+                           const cl_ew_operand *alpha, cudaStream_t stream);
+
 /* ---- reduce.cu ----------------------------------------------------------- */
 
 /* Reductions. Output element (o, i), stored C-contiguously at dst[o * inner + i],

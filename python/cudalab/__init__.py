@@ -59,6 +59,26 @@ from ._core import (
     zeros,
     zeros_like,
 )
+# Element-wise ops (issue 3). `abs` shadows the builtin inside this namespace
+# only, as numpy.abs does.
+from ._core import (  # noqa: A004
+    abs,
+    add,
+    axpy,
+    div,
+    exp,
+    gelu,
+    log,
+    maximum,
+    minimum,
+    mul,
+    neg,
+    relu,
+    sigmoid,
+    sqrt,
+    sub,
+    tanh,
+)
 from .devices import (
     DeviceProperties,
     device,
@@ -123,4 +143,23 @@ __all__ = [
     "transpose",
     "zeros",
     "zeros_like",
+]
+
+__all__ += [  # element-wise ops
+    "abs",
+    "add",
+    "axpy",
+    "div",
+    "exp",
+    "gelu",
+    "log",
+    "maximum",
+    "minimum",
+    "mul",
+    "neg",
+    "relu",
+    "sigmoid",
+    "sqrt",
+    "sub",
+    "tanh",
 ]

@@ -1,0 +1,362 @@
+"""CPU tier: element-wise ops' dtype promotion and argument checking.
+
+Needs no GPU. DeviceArrays cannot be made without one, so operands here are
+scalars: Python scalars (weak, NEP 50), NumPy scalars (strong, typed like 0-d
+arrays) and, for ``_core._elementwise_result_type``, NumPy dtypes standing for
+arrays of that dtype. The promotion table is checked against NumPy 2 itself.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cudalab
+
+core = cudalab._core
+result_type = core._elementwise_result_type
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [
+    np.dtype(np.bool_),
+    np.dtype(np.int8),
+    np.dtype(np.uint8),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.float16),
+    BF16,
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+]
+IDS = [d.name for d in DTYPES]
+SUPPORTED = set(DTYPES)
+
+BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+FLOAT_UNARY = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh}
+
+
+def arg_error(func: str, param: str) -> str:
+    return rf"{re.escape(func)}\(\) argument '{re.escape(param)}'"
+
+
+def numpy_dtype(ufunc, *operands):
+    """The dtype NumPy's ufunc gives (arrays stand in for dtypes), or None if it raises."""
+    args = [np.ones(2, dtype=o) if isinstance(o, np.dtype) else o for o in operands]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ufunc(*args).dtype
+    except (TypeError, OverflowError):
+        return None
+
+
+def numpy_result_type(*operands):
+    try:
+        return np.result_type(*operands)
+    except TypeError:  # ml_dtypes defines no promotion for some bfloat16 pairs
+        return None
+
+
+# ------------------------------------------------------------ promotion ----
+
+
+@pytest.mark.parametrize("func", sorted(BINARY))
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+@pytest.mark.parametrize("y", DTYPES, ids=IDS)
+def test_binary_promotion_matches_numpy(func, x, y):
+    """All 9x9 array pairs: the dtype NumPy 2 gives, or a TypeError where
+    NumPy fails (bool - bool) or leaves the supported dtypes (int8 + uint8)."""
+    expected = numpy_dtype(BINARY[func], x, y)
+    if expected is None or expected not in SUPPORTED:
+        with pytest.raises(TypeError, match=arg_error(func, "b") + "|" + arg_error(func, "a")):
+            result_type(func, x, y)
+        return
+    assert result_type(func, x, y) == expected
+    # Where np.result_type itself is defined, the arithmetic ops agree with it.
+    rt = numpy_result_type(x, y)
+    if rt is not None and func in ("add", "mul", "maximum", "minimum"):
+        assert result_type(func, x, y) == rt
+
+
+def test_bfloat16_pairs_without_numpy_result_type():
+    """np.result_type raises for bfloat16 with int32/int64/float16; we follow
+    the loops ml_dtypes' ufuncs use (like float16: int32 -> float64)."""
+    assert result_type("add", BF16, np.dtype(np.float16)) == np.float32
+    assert result_type("add", np.dtype(np.float16), BF16) == np.float32
+    assert result_type("add", BF16, np.dtype(np.int32)) == np.float64
+    assert result_type("mul", np.dtype(np.int64), BF16) == np.float64
+    assert result_type("add", BF16, np.dtype(np.int8)) == BF16
+    assert result_type("add", BF16, np.dtype(np.float32)) == np.float32
+
+
+@pytest.mark.parametrize("func", sorted(BINARY))
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+@pytest.mark.parametrize("scalar", [True, 3, 1.5], ids=["bool", "int", "float"])
+def test_weak_python_scalars(func, x, scalar):
+    """Python scalars are weak (NEP 50), on either side."""
+    for operands in ((x, scalar), (scalar, x)):
+        expected = numpy_dtype(BINARY[func], *operands)
+        if x == BF16 and isinstance(scalar, float):
+            # ml_dtypes' loops give float32 here (np.result_type says float64);
+            # we keep NEP 50's rule, as for float16: the float array's dtype.
+            expected = BF16
+        if expected is None:
+            with pytest.raises(TypeError, match=arg_error(func, "a") + "|" + arg_error(func, "b")):
+                result_type(func, *operands)
+            continue
+        assert result_type(func, *operands) == expected, operands
+        rt = numpy_result_type(*operands)
+        if rt is not None and func in ("add", "mul") and x != BF16:
+            assert result_type(func, *operands) == rt
+
+
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+@pytest.mark.parametrize(
+    "scalar",
+    [np.bool_(True), np.int8(2), np.uint8(2), np.int32(2), np.int64(2), np.float16(2),
+     ml_dtypes.bfloat16(2), np.float32(2), np.float64(2)],
+    ids=IDS,
+)
+def test_numpy_scalars_are_strong(x, scalar):
+    """A NumPy scalar promotes like an array of its dtype (NEP 50)."""
+    expected = numpy_dtype(np.add, x, scalar)
+    if expected is None or expected not in SUPPORTED:
+        with pytest.raises(TypeError):
+            result_type("add", x, scalar)
+    else:
+        assert result_type("add", x, scalar) == expected
+        assert result_type("add", x, np.dtype(type(scalar))) == expected
+
+
+@pytest.mark.parametrize("func", sorted(FLOAT_UNARY))
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+def test_float_unary_result_dtype(func, x):
+    """exp/log/sqrt/tanh: NumPy's loops (bool/int8/uint8 -> float16,
+    int32/int64 -> float64); sigmoid and gelu follow the same rule."""
+    expected = numpy_dtype(FLOAT_UNARY[func], x)
+    assert result_type(func, x) == expected
+    assert result_type("sigmoid", x) == expected
+    assert result_type("gelu", x) == expected
+
+
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+def test_neg_abs_relu_result_dtype(x):
+    if x == np.bool_:
+        with pytest.raises(TypeError, match=arg_error("neg", "a") + ".*bool"):
+            result_type("neg", x)
+        with pytest.raises(TypeError, match=arg_error("relu", "a") + ".*bool"):
+            result_type("relu", x)
+    else:
+        assert result_type("neg", x) == numpy_dtype(np.negative, x)
+        assert result_type("relu", x) == x
+    assert result_type("abs", x) == numpy_dtype(np.absolute, x)
+
+
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+@pytest.mark.parametrize("y", DTYPES, ids=IDS)
+def test_axpy_result_dtype(x, y):
+    """axpy(alpha, x, y) is one fused operation: it promotes like
+    np.result_type(alpha, x, y) (not like the two-step alpha * x + y)."""
+    for alpha in (2, 0.5, np.float32(0.5)):
+        if x == BF16 or y == BF16:
+            continue  # np.result_type is partial for bfloat16; covered above
+        expected = numpy_result_type(alpha, x, y)
+        if x == y == np.bool_ and isinstance(alpha, int):
+            expected = np.dtype(np.int64)  # NEP 50: a Python int makes bool int64
+        if expected is None or expected not in SUPPORTED:
+            with pytest.raises(TypeError):
+                result_type("axpy", alpha, x, y)
+        else:
+            assert result_type("axpy", alpha, x, y) == expected, alpha
+
+
+def test_bool_arithmetic_rules():
+    b = np.dtype(np.bool_)
+    assert result_type("add", b, b) == np.bool_
+    assert result_type("mul", b, b) == np.bool_
+    assert result_type("div", b, b) == np.float64
+    assert result_type("sub", b, 1) == np.int64
+    with pytest.raises(TypeError, match=arg_error("sub", "a") + ".*bool"):
+        result_type("sub", b, b)
+    with pytest.raises(TypeError, match=arg_error("sub", "a") + ".*bool"):
+        result_type("sub", b, True)
+
+
+def test_python_int_out_of_range():
+    """NumPy 2 refuses a Python int that does not fit the integer result dtype."""
+    with pytest.raises(OverflowError, match=arg_error("add", "b") + ".*300.*int8"):
+        result_type("add", np.dtype(np.int8), 300)
+    with pytest.raises(OverflowError, match=arg_error("maximum", "b") + ".*-1.*uint8"):
+        result_type("maximum", np.dtype(np.uint8), -1)
+    with pytest.raises(OverflowError, match="int64"):
+        result_type("add", np.dtype(np.int64), 2**63)
+    with pytest.raises(OverflowError, match="int64"):
+        result_type("add", np.dtype(np.bool_), 2**64)
+    # A float result dtype takes any int (NumPy: int8 / 300 is float64).
+    assert result_type("div", np.dtype(np.int8), 300) == np.float64
+    assert result_type("add", np.dtype(np.float32), 2**70) == np.float32
+    assert result_type("add", np.dtype(np.int32), -(2**31)) == np.int32
+
+
+# ------------------------------------------------------- argument errors ----
+
+ALL_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+ALL_UNARY = ["neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu"]
+
+
+@pytest.mark.parametrize("func", ALL_BINARY)
+@pytest.mark.parametrize("bad", ["x", None, [1.0, 2.0], 1 + 2j, object()],
+                         ids=["str", "None", "list", "complex", "object"])
+def test_binary_rejects_non_numeric_operands(func, bad):
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match=arg_error(func, "a") + ".*DeviceArray or a real scalar"):
+        f(bad, 1.0)
+    with pytest.raises(TypeError, match=arg_error(func, "b") + ".*DeviceArray or a real scalar"):
+        f(np.float32(1), bad)
+
+
+@pytest.mark.parametrize("func", ALL_BINARY)
+def test_binary_rejects_host_arrays(func):
+    f = getattr(cudalab, func)
+    host = np.ones(3, dtype=np.float32)
+    with pytest.raises(TypeError, match=arg_error(func, "a") + ".*host arrays.*asarray"):
+        f(host, 1.0)
+    with pytest.raises(TypeError, match=arg_error(func, "b") + ".*host arrays.*asarray"):
+        f(np.float32(1), host)
+    with pytest.raises(TypeError, match=arg_error(func, "b") + ".*host arrays"):
+        f(np.float32(1), np.array(2.0))  # 0-d arrays too
+
+
+@pytest.mark.parametrize("func", ALL_BINARY)
+def test_binary_needs_a_device_array(func):
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match=arg_error(func, "a") + ".*at least one operand"):
+        f(1.0, 2.0)
+    with pytest.raises(TypeError, match=arg_error(func, "a") + ".*at least one operand"):
+        f(np.float32(1), np.float32(2))
+
+
+@pytest.mark.parametrize("func", ALL_BINARY)
+@pytest.mark.parametrize("bad", [5, "out", np.zeros(2, np.float32), [0.0]],
+                         ids=["int", "str", "ndarray", "list"])
+def test_out_must_be_a_device_array(func, bad):
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match=arg_error(func, "out")):
+        f(np.float32(1), np.float32(2), out=bad)
+
+
+@pytest.mark.parametrize("func", ALL_UNARY)
+@pytest.mark.parametrize("bad", [1.0, 2, True, np.float32(1), np.ones(2), "x", None],
+                         ids=["float", "int", "bool", "npscalar", "ndarray", "str", "None"])
+def test_unary_needs_a_device_array(func, bad):
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match=arg_error(func, "a")):
+        f(bad)
+
+
+@pytest.mark.parametrize("func", ALL_UNARY)
+def test_unary_out_checked_before_device(func):
+    # The operand error comes first, but a bad `out` alone is named too.
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match=arg_error(func, "a")):
+        f(1.0, out=3)
+
+
+def test_unsupported_scalar_dtypes():
+    with pytest.raises(TypeError, match=arg_error("add", "b") + ".*unsupported dtype.*int16"):
+        cudalab.add(np.float32(1), np.int16(2))
+    with pytest.raises(TypeError, match=arg_error("mul", "a") + ".*unsupported dtype"):
+        cudalab.mul(np.complex64(1), np.float32(2))
+    with pytest.raises(TypeError, match=arg_error("add", "b") + ".*int16"):
+        cudalab.add(np.int8(1), np.uint8(2))  # NumPy would give int16
+
+
+def test_bool_subtraction_is_a_type_error():
+    with pytest.raises(TypeError, match=arg_error("sub", "a") + ".*subtraction.*bool"):
+        cudalab.sub(np.bool_(True), np.bool_(False))
+    with pytest.raises(TypeError, match=arg_error("sub", "a") + ".*bool"):
+        cudalab.sub(np.bool_(True), False)
+
+
+def test_python_int_overflow_through_the_function():
+    with pytest.raises(OverflowError, match=arg_error("add", "b") + ".*out of bounds for int8"):
+        cudalab.add(np.int8(1), 1000)
+
+
+def test_gelu_approximate():
+    with pytest.raises(ValueError, match=arg_error("gelu", "approximate") + ".*'none' or 'tanh'"):
+        cudalab.gelu(1.0, approximate="fast")
+    with pytest.raises(TypeError, match=arg_error("gelu", "approximate")):
+        cudalab.gelu(1.0, approximate=True)
+    with pytest.raises(TypeError, match=arg_error("gelu", "approximate")):
+        cudalab.gelu(1.0, approximate=None)
+    # A valid approximate still needs a DeviceArray.
+    for approximate in ("none", "tanh"):
+        with pytest.raises(TypeError, match=arg_error("gelu", "a")):
+            cudalab.gelu(1.0, approximate=approximate)
+
+
+def test_axpy_arguments():
+    with pytest.raises(TypeError, match=arg_error("axpy", "alpha") + ".*real scalar"):
+        cudalab.axpy("2", np.float32(1), np.float32(1))
+    with pytest.raises(TypeError, match=arg_error("axpy", "alpha") + ".*host arrays"):
+        cudalab.axpy(np.ones(3), np.float32(1), np.float32(1))
+    with pytest.raises(TypeError, match=arg_error("axpy", "x")):
+        cudalab.axpy(2.0, "x", np.float32(1))
+    with pytest.raises(TypeError, match=arg_error("axpy", "y") + ".*host arrays"):
+        cudalab.axpy(2.0, np.float32(1), np.ones(2))
+    with pytest.raises(TypeError, match=arg_error("axpy", "out")):
+        cudalab.axpy(2.0, np.float32(1), np.float32(1), out=1)
+    with pytest.raises(TypeError, match="missing required argument 'y'"):
+        cudalab.axpy(2.0, np.float32(1))
+    with pytest.raises(TypeError, match=arg_error("axpy", "x") + ".*at least one operand"):
+        cudalab.axpy(2.0, 1.0, 2.0)
+
+
+@pytest.mark.parametrize("func", ALL_BINARY)
+def test_call_signature_errors(func):
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match="missing required argument 'b'"):
+        f(1.0)
+    with pytest.raises(TypeError, match="at most 3 positional"):
+        f(1.0, 2.0, None, None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'where'"):
+        f(1.0, 2.0, where=True)
+    with pytest.raises(TypeError, match="multiple values for argument 'a'"):
+        f(1.0, a=2.0)
+
+
+def test_signatures_and_docstrings():
+    for name in ALL_BINARY:
+        f = getattr(cudalab, name)
+        assert f.__text_signature__ == "(a, b, out=None)"
+        assert "Parameters" in f.__doc__ and "Returns" in f.__doc__
+    for name in ALL_UNARY:
+        f = getattr(cudalab, name)
+        expected = "(a, approximate='none', out=None)" if name == "gelu" else "(a, out=None)"
+        assert f.__text_signature__ == expected
+        assert "Parameters" in f.__doc__
+    assert cudalab.axpy.__text_signature__ == "(alpha, x, y, out=None)"
+    for name in ALL_BINARY + ALL_UNARY + ["axpy"]:
+        assert name in cudalab.__all__
+        assert getattr(cudalab, name) is getattr(core, name)
+
+
+def test_result_type_helper_errors():
+    with pytest.raises(ValueError, match="unknown function"):
+        result_type("pow", np.dtype(np.float32), 2.0)
+    with pytest.raises(TypeError, match="takes 2 operands"):
+        result_type("add", np.dtype(np.float32))
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        result_type("add", np.dtype(np.int16), 1)
