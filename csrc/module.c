@@ -42,6 +42,12 @@ cl_exec(PyObject *module)
     if (st->DeviceArray_Type == NULL) {
         return -1;
     }
+    /* NumPy then defers `ndarray (op) DeviceArray` to our reflected number
+     * slots instead of trying (and refusing) an implicit host conversion. */
+    if (PyDict_SetItemString(st->DeviceArray_Type->tp_dict, "__array_ufunc__", Py_None) < 0) {
+        return -1;
+    }
+    PyType_Modified(st->DeviceArray_Type);
     if (PyModule_AddObjectRef(module, "DeviceArray", (PyObject *)st->DeviceArray_Type) < 0) {
         return -1;
     }

@@ -615,3 +615,12 @@ def test_hypothesis_add_mul_strided_broadcast(rng, case):
     expected, _ = numpy_binary("add", ha, hb)
     cl.add(da, db, out=da)
     check(da, expected, dtype)
+
+
+def test_numpy_operands_defer_to_device_array(rng):
+    """ndarray/NumPy-scalar on the left reach DeviceArray's reflected ops."""
+    h = rng.standard_normal((5, 3)).astype(np.float32) + 2
+    d = cl.asarray(h)
+    np.testing.assert_allclose((np.float32(2) * d).get(), np.float32(2) * h, rtol=1e-6)
+    with pytest.raises(TypeError):
+        h + d  # a host array is never uploaded implicitly
