@@ -13,7 +13,8 @@
 //      merging), all pointers 16-byte aligned. 16-byte vector loads and stores
 //      (float4, 8 halves, 2 doubles, 16 int8), kUnroll vectors per thread per
 //      iteration so each SM keeps enough bytes in flight, all loads issued
-//      before any store; grid = SMs x resident blocks, grid-stride over tiles;
+//      before any store; one tile (kThreads x kUnroll vectors) per block, which
+//      measured faster on an H200 than a persistent SMs x resident-blocks grid;
 //      the n % vector-width tail is done by the first block. Scalar operands
 //      are template flags, so `x * 2.0` and `x + y` are each a tight loop.
 //   2. ew_strided: anything else (broadcast operands with stride 0,
@@ -31,7 +32,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;   // 16-byte vectors per thread per operand per iteration
 constexpr int kMinBlocks = 4; // launch bound: <= 64 registers, 1024+ threads per SM
-constexpr int kMaxDevices = 64;    // SM counts cached per device index
 
 // ---- types ------------------------------------------------------------------
 
@@ -378,45 +378,6 @@ struct Plan {
     int64_t n;
 };
 
-int
-sm_count()
-{
-    static int cache[kMaxDevices] = {0};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
-        (void)cudaGetLastError();
-        return 132;
-    }
-    if (cache[device] == 0) {
-        int sms = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-            sms <= 0) {
-            (void)cudaGetLastError();
-            sms = 132;
-        }
-        cache[device] = sms;
-    }
-    return cache[device];
-}
-
-template <typename Kernel>
-int
-resident_blocks(Kernel kernel)
-{
-    // Per kernel instantiation; the same on every device of one architecture.
-    static int blocks = 0;
-    if (blocks == 0) {
-        int b = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0) != cudaSuccess ||
-            b <= 0) {
-            (void)cudaGetLastError();
-            b = kMinBlocks;
-        }
-        blocks = b;
-    }
-    return blocks;
-}
-
 template <typename T, int OP, bool S0, bool S1>
 cudaError_t
 launch_contiguous(const Plan &p, cudaStream_t stream)
@@ -424,8 +385,12 @@ launch_contiguous(const Plan &p, cudaStream_t stream)
     constexpr int N = 16 / sizeof(T);
     auto kernel = ew_contiguous<T, OP, S0, S1>;
     int64_t tiles = (p.n / N + (int64_t)kThreads * kUnroll - 1) / ((int64_t)kThreads * kUnroll);
-    int64_t cap = (int64_t)sm_count() * resident_blocks(kernel);
-    unsigned int grid = (unsigned int)(tiles < cap ? (tiles > 0 ? tiles : 1) : cap);
+    // One tile per block, not a persistent grid: measured on an H200 (1 GiB
+    // float32), add went from 4050 to 4346 GB/s and an in-place scale from
+    // 3767 to 4041 with the grid capped at SMs x resident blocks vs uncapped.
+    // The grid-stride loop stays for grids past the launch limit.
+    const int64_t max_grid = 0x7fffffff;
+    unsigned int grid = (unsigned int)(tiles < max_grid ? (tiles > 0 ? tiles : 1) : max_grid);
     kernel<<<grid, kThreads, 0, stream>>>(static_cast<T *>(p.out), static_cast<const T *>(p.in0),
                                           static_cast<const T *>(p.in1), p.s0, p.s1, p.alpha, p.n);
     return cudaGetLastError();
