@@ -20,36 +20,20 @@ median and inter-quartile range reported. ``run(quick)`` returns one dict per
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Callable
+from timing import median_iqr, times_ms  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
 
 
-def _quantiles(values: list[float]) -> tuple[float, float]:
-    """Median and inter-quartile range."""
-    values = sorted(values)
-    if len(values) < 4:
-        return statistics.median(values), 0.0
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[1], q[2] - q[0]
+_quantiles = median_iqr
 
 
 def _time_gpu(torch: Any, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     """Milliseconds per call of `fn`, one event pair per repeat."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return times_ms(fn, warmup, repeats)
 
 
 def _row(op: str, impl: str, shape: tuple[int, ...], times_ms: list[float], nbytes: int,

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 
 import numpy as np
+from timing import times_ms  # noqa: E402
 
 # (label, numpy dtype name, float32 precision or None)
 CASES = [
@@ -48,30 +48,8 @@ def _np_dtype(name: str):
 
 
 def _time(torch, fn, warmup: int, repeats: int) -> np.ndarray:
-    """Per-repeat times in ms, each between a pair of CUDA events (torch's);
-    without torch, host timing around a synchronize (only for large products)."""
-    import cudalab
-
-    for _ in range(warmup):
-        fn()
-    if torch is None:
-        times = []
-        for _ in range(repeats):
-            cudalab.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            cudalab.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return np.array(times, dtype=np.float64)
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return np.array([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=np.float64)
+    """Per-repeat times in ms (CUDA events; the host clock without torch)."""
+    return np.array(times_ms(fn, warmup, repeats), dtype=np.float64)
 
 
 def _row(impl, n, label, precision, times_ms) -> dict:

@@ -20,13 +20,12 @@ device (values don't change the timing of a sum).
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable
 
 import numpy as np
 
 import cudalab
+from timing import median_iqr, times_ms  # noqa: E402
 
 try:  # torch is optional: only needed for the comparison rows and events
     import torch
@@ -40,28 +39,7 @@ def _have_torch_cuda() -> bool:
 
 def _time_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> tuple[float, float]:
     """Median and IQR (ms) of `reps` timed calls of fn, each bracketed by events."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    if _have_torch_cuda():
-        torch.cuda.synchronize()
-        for _ in range(reps):
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-    else:
-        cudalab.synchronize()
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            cudalab.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-    q = statistics.quantiles(times, n=4)
-    return statistics.median(times), q[2] - q[0]
+    return median_iqr(times_ms(fn, warmup, reps))
 
 
 def _row(op: str, impl: str, shape, nbytes: int, ms: float, iqr: float) -> dict:

@@ -23,8 +23,8 @@ synchronize + perf_counter; warm-up, then >= 20 repeats; median and IQR.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable
+from timing import times_ms  # noqa: E402
 
 METHODS = ["naive", "coalesced_write", "tiled", "tiled_padded", "best"]
 
@@ -38,34 +38,7 @@ def _torch():
 
 
 def _timer(torch, cudalab) -> Callable[[Callable[[], Any], int, int], list[float]]:
-    def with_events(fn, warmup, repeats):
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return times
-
-    def with_clock(fn, warmup, repeats):
-        for _ in range(warmup):
-            fn()
-        cudalab.synchronize()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            cudalab.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
-
-    return with_events if torch is not None else with_clock
+    return times_ms
 
 
 def _row(op, impl, shape, dtype, times, nbytes) -> dict:

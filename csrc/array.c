@@ -277,8 +277,8 @@ DeviceArray_dealloc(DeviceArray *self)
     Py_DECREF(type);
 }
 
-static PyObject *
-shape_tuple(int ndim, const Py_ssize_t *values)
+PyObject *
+cl_shape_tuple(int ndim, const Py_ssize_t *values)
 {
     PyObject *t = PyTuple_New(ndim);
     if (t == NULL) {
@@ -298,7 +298,7 @@ shape_tuple(int ndim, const Py_ssize_t *values)
 static PyObject *
 DeviceArray_repr(DeviceArray *self)
 {
-    PyObject *shape = shape_tuple(self->ndim, self->shape);
+    PyObject *shape = cl_shape_tuple(self->ndim, self->shape);
     if (shape == NULL) {
         return NULL;
     }
@@ -323,13 +323,13 @@ DeviceArray_length(DeviceArray *self)
 static PyObject *
 get_shape(DeviceArray *self, void *closure)
 {
-    return shape_tuple(self->ndim, self->shape);
+    return cl_shape_tuple(self->ndim, self->shape);
 }
 
 static PyObject *
 get_strides(DeviceArray *self, void *closure)
 {
-    return shape_tuple(self->ndim, self->strides);
+    return cl_shape_tuple(self->ndim, self->strides);
 }
 
 static PyObject *
@@ -725,7 +725,7 @@ DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
     }
 mismatch:
     {
-        PyObject *t = shape_tuple(ndim, shape);
+        PyObject *t = cl_shape_tuple(ndim, shape);
         if (t != NULL) {
             cl_arg_error(PyExc_ValueError, "reshape", "shape",
                          "cannot reshape array of size %zd into shape %R", size, t);

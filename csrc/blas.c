@@ -80,38 +80,8 @@ static _Atomic int float32_precision = PREC_HIGHEST;
 static int
 raise_cublas(cl_state *st, cublasStatus_t status, const char *expr, const char *file, int line)
 {
-    const char *name = cublasGetStatusName(status);
-    const char *text = cublasGetStatusString(status);
-    const char *base = strrchr(file, '/');
-    base = base ? base + 1 : file;
-    PyObject *message = PyUnicode_FromFormat("%s (%d): %s\n  in %s at %s:%d", name,
-                                             (int)status, text, expr, base, line);
-    PyObject *attrs = Py_BuildValue("{s:i,s:s,s:s,s:s,s:i}", "code", (int)status, "name", name,
-                                    "expression", expr, "file", base, "line", line);
-    if (message == NULL || attrs == NULL) {
-        Py_XDECREF(message);
-        Py_XDECREF(attrs);
-        return -1;
-    }
-    PyObject *exc = PyObject_CallOneArg(st->CublasError, message);
-    Py_DECREF(message);
-    if (exc == NULL) {
-        Py_DECREF(attrs);
-        return -1;
-    }
-    PyObject *key, *value;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(attrs, &pos, &key, &value)) {
-        if (PyObject_SetAttr(exc, key, value) < 0) {
-            Py_DECREF(attrs);
-            Py_DECREF(exc);
-            return -1;
-        }
-    }
-    Py_DECREF(attrs);
-    PyErr_SetObject(st->CublasError, exc);
-    Py_DECREF(exc);
-    return -1;
+    return cl_raise_status(st->CublasError, (int)status, cublasGetStatusName(status),
+                           cublasGetStatusString(status), expr, file, line);
 }
 
 #define CL_CUBLAS_CHECK(st, expr)                                                 \
@@ -751,32 +721,14 @@ parse_precision(PyObject *obj, const char *func, const char *param, int *out)
                         obj);
 }
 
-static PyObject *
-shape_repr(int ndim, const Py_ssize_t *shape)
-{
-    PyObject *t = PyTuple_New(ndim);
-    if (t == NULL) {
-        return NULL;
-    }
-    for (int i = 0; i < ndim; i++) {
-        PyObject *v = PyLong_FromSsize_t(shape[i]);
-        if (v == NULL) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
-}
-
 /* Raise with the two shapes in the message: "<detail>: 'a' has shape (..)
  * and 'b' has shape (..)". */
 static int
 shape_error(const char *func, const char *param, const char *detail, const DeviceArray *a,
             const DeviceArray *b)
 {
-    PyObject *sa = shape_repr(a->ndim, a->shape);
-    PyObject *sb = shape_repr(b->ndim, b->shape);
+    PyObject *sa = cl_shape_tuple(a->ndim, a->shape);
+    PyObject *sb = cl_shape_tuple(b->ndim, b->shape);
     if (sa != NULL && sb != NULL) {
         cl_arg_error(PyExc_ValueError, func, param, "%s: 'a' has shape %R and 'b' has shape %R",
                      detail, sa, sb);
@@ -886,7 +838,7 @@ do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyOb
             same = out->shape[i] == rshape[i];
         }
         if (!same) {
-            PyObject *want = shape_repr(rnd, rshape), *got = shape_repr(out->ndim, out->shape);
+            PyObject *want = cl_shape_tuple(rnd, rshape), *got = cl_shape_tuple(out->ndim, out->shape);
             if (want != NULL && got != NULL) {
                 cl_arg_error(PyExc_ValueError, func, "out",
                              "has shape %R but the result has shape %R", got, want);

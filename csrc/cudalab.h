@@ -67,6 +67,9 @@ cl_state *cl_state_from_type(PyTypeObject *type);
 
 /* ---- DeviceArray --------------------------------------------------------- */
 
+/* A shape (or strides) as a Python tuple of ints, for attributes and messages. */
+PyObject *cl_shape_tuple(int ndim, const Py_ssize_t *values);
+
 typedef struct DeviceArray {
     PyObject_HEAD
     char *data;                       /* first element (NULL when size == 0) */
@@ -129,6 +132,10 @@ PyObject *cl_supported_dtypes_text(void);
 int cl_errors_init(PyObject *module, cl_state *st);
 /* Raise CudaError for `err` (which is cleared from the runtime). Returns -1. */
 int cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *file, int line);
+/* Raise `type` (CudaError, CublasError) for a failed library call; the
+ * exception carries code, name, expression, file and line. Returns -1. */
+int cl_raise_status(PyObject *type, int code, const char *name, const char *text, const char *expr,
+                    const char *file, int line);
 int cl_raise_no_device(cl_state *st, const char *func);
 /* OutOfMemoryError with a message a PyTorch user recognizes; `limit_reason`
  * non-zero when our per-process limit (not the driver) refused. */

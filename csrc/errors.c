@@ -103,15 +103,21 @@ cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *file,
         PyErr_Format(st->OutOfMemoryError, "CUDA out of memory in %s (%s:%d)", expr, file, line);
         return -1;
     }
-    const char *name = cudaGetErrorName(err);
-    const char *text = cudaGetErrorString(err);
+    return cl_raise_status(st->CudaError, (int)err, cudaGetErrorName(err),
+                           cudaGetErrorString(err), expr, file, line);
+}
+
+int
+cl_raise_status(PyObject *type, int code, const char *name, const char *text, const char *expr,
+                const char *file, int line)
+{
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
-    PyObject *message = PyUnicode_FromFormat("%s (%d): %s\n  in %s at %s:%d", name, (int)err,
-                                             text, expr, base, line);
-    PyObject *attrs = Py_BuildValue("{s:i,s:s,s:s,s:s,s:i}", "code", (int)err, "name", name,
+    PyObject *message = PyUnicode_FromFormat("%s (%d): %s\n  in %s at %s:%d", name, code, text,
+                                             expr, base, line);
+    PyObject *attrs = Py_BuildValue("{s:i,s:s,s:s,s:s,s:i}", "code", code, "name", name,
                                     "expression", expr, "file", base, "line", line);
-    return raise_with_attrs(st->CudaError, message, attrs);
+    return raise_with_attrs(type, message, attrs);
 }
 
 int

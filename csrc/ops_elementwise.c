@@ -401,24 +401,6 @@ result_dtype(const ew_spec *spec, ew_arg *args, int nargs, cl_dtype *out)
 
 /* ---- broadcasting ------------------------------------------------------------ */
 
-static PyObject *
-shape_text(int ndim, const Py_ssize_t *shape)
-{
-    PyObject *t = PyTuple_New(ndim);
-    if (t == NULL) {
-        return NULL;
-    }
-    for (int i = 0; i < ndim; i++) {
-        PyObject *v = PyLong_FromSsize_t(shape[i]);
-        if (v == NULL) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
-}
-
 static int
 broadcast_shape(const char *func, ew_arg *args, int nargs, int *ndim_out, Py_ssize_t *shape)
 {
@@ -447,8 +429,8 @@ broadcast_shape(const char *func, ew_arg *args, int nargs, int *ndim_out, Py_ssi
                 shape[off + i] = e;
                 continue;
             }
-            PyObject *s1 = shape_text(shaper->arr->ndim, shaper->arr->shape);
-            PyObject *s2 = shape_text(a->ndim, a->shape);
+            PyObject *s1 = cl_shape_tuple(shaper->arr->ndim, shaper->arr->shape);
+            PyObject *s2 = cl_shape_tuple(a->ndim, a->shape);
             if (s1 != NULL && s2 != NULL) {
                 cl_arg_error(PyExc_ValueError, func, args[k].param,
                              "operands could not be broadcast together with shapes %R %R", s1,
@@ -581,8 +563,8 @@ ew_run(cl_state *st, const ew_spec *spec, ew_arg *args, int nargs, ew_arg *alpha
             same = out->shape[i] == shape[i];
         }
         if (!same) {
-            PyObject *s1 = shape_text(out->ndim, out->shape);
-            PyObject *s2 = shape_text(nd, shape);
+            PyObject *s1 = cl_shape_tuple(out->ndim, out->shape);
+            PyObject *s2 = cl_shape_tuple(nd, shape);
             if (s1 != NULL && s2 != NULL) {
                 cl_arg_error(PyExc_ValueError, func, "out",
                              "has shape %R but the broadcast result has shape %R", s1, s2);

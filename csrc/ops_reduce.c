@@ -145,24 +145,6 @@ describe(const DeviceArray *a, int axis, bool c_order, cl_reduce_desc *d)
 }
 
 static PyObject *
-shape_text(int ndim, const Py_ssize_t *shape)
-{
-    PyObject *t = PyTuple_New(ndim);
-    if (t == NULL) {
-        return NULL;
-    }
-    for (int i = 0; i < ndim; i++) {
-        PyObject *v = PyLong_FromSsize_t(shape[i]);
-        if (v == NULL) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
-}
-
-static PyObject *
 reduce_impl(PyObject *module, const reduce_spec *spec, PyObject *const *args, Py_ssize_t nargs,
             PyObject *kwnames)
 {
@@ -257,8 +239,8 @@ reduce_impl(PyObject *module, const reduce_spec *spec, PyObject *const *args, Py
             same = out->shape[i] == rshape[i];
         }
         if (!same) {
-            PyObject *want_shape = shape_text(rndim, rshape);
-            PyObject *got_shape = shape_text(out->ndim, out->shape);
+            PyObject *want_shape = cl_shape_tuple(rndim, rshape);
+            PyObject *got_shape = cl_shape_tuple(out->ndim, out->shape);
             if (want_shape != NULL && got_shape != NULL) {
                 cl_arg_error(PyExc_ValueError, func, "out",
                              "expected shape %R for the result, got %R", want_shape, got_shape);

@@ -17,28 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cudalab
+from _support import BF16, DTYPE_IDS, DTYPES, is_float
 
 pytestmark = pytest.mark.gpu
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [
-    np.dtype(np.bool_),
-    np.dtype(np.int8),
-    np.dtype(np.uint8),
-    np.dtype(np.int32),
-    np.dtype(np.int64),
-    np.dtype(np.float16),
-    BF16,
-    np.dtype(np.float32),
-    np.dtype(np.float64),
-]
-DTYPE_IDS = [d.name for d in DTYPES]
 
-
-def is_float(dtype) -> bool:
-    """float16/32/64 and bfloat16 (whose NumPy kind is 'V', not 'f')."""
-    dtype = np.dtype(dtype)
-    return dtype.kind == "f" or dtype == BF16
 
 
 # ------------------------------------------------------------- helpers ------

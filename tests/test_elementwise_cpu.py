@@ -16,22 +16,11 @@ import numpy as np
 import pytest
 
 import cudalab
+from _support import BF16, DTYPES
 
 core = cudalab._core
 result_type = core._elementwise_result_type
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [
-    np.dtype(np.bool_),
-    np.dtype(np.int8),
-    np.dtype(np.uint8),
-    np.dtype(np.int32),
-    np.dtype(np.int64),
-    np.dtype(np.float16),
-    BF16,
-    np.dtype(np.float32),
-    np.dtype(np.float64),
-]
 IDS = [d.name for d in DTYPES]
 SUPPORTED = set(DTYPES)
 

@@ -10,30 +10,17 @@ from __future__ import annotations
 
 import re
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cudalab
+from _support import BF16, DTYPE_IDS, DTYPES
 
 pytestmark = pytest.mark.gpu
 
 METHODS = ["naive", "coalesced_write", "tiled", "tiled_padded", "best"]
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [
-    np.dtype(np.bool_),
-    np.dtype(np.int8),
-    np.dtype(np.uint8),
-    np.dtype(np.int32),
-    np.dtype(np.int64),
-    np.dtype(np.float16),
-    BF16,
-    np.dtype(np.float32),
-    np.dtype(np.float64),
-]
-DTYPE_IDS = [d.name for d in DTYPES]
 
 
 def random_array(rng, shape, dtype) -> np.ndarray:

@@ -1,0 +1,31 @@
+"""Shared test vocabulary: the dtypes cudalab supports and how to name them.
+
+Importable from any test module (pytest puts this folder on sys.path).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+# Every dtype a DeviceArray can hold, in cudalab's own order.
+DTYPES = [
+    np.dtype(np.bool_),
+    np.dtype(np.int8),
+    np.dtype(np.uint8),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.float16),
+    BF16,
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+]
+DTYPE_IDS = [d.name for d in DTYPES]
+
+
+def is_float(dtype) -> bool:
+    """float16/32/64 and bfloat16 (whose NumPy kind is 'V', not 'f')."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BF16
