@@ -121,6 +121,9 @@ alloc_object(cl_state *st)
     a->alloc_bytes = 0;
     a->alloc_stream = NULL;
     a->weakreflist = NULL;
+    a->num_used_streams = 0;
+    a->used_streams_overflow = false;
+    a->graph = NULL;
     PyObject_GC_Track((PyObject *)a);
     return a;
 }
@@ -156,6 +159,7 @@ cl_array_new(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape,
     a->alloc = ptr;
     a->alloc_bytes = nbytes;
     a->alloc_stream = stream;
+    a->graph = cl_graph_adopt(stream, ptr); /* memory captured into a CUDA graph */
     a->device = device;
     a->dtype = dtype;
     a->ndim = ndim;
@@ -212,6 +216,8 @@ cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src)
     if (cl_device_enter(st, src->device, &previous) < 0) {
         return -1;
     }
+    cl_array_note_stream(dst, cl_current_stream(st));
+    cl_array_note_stream(src, cl_current_stream(st));
     cudaError_t err = cl_copy_cast(dst->data, dst->dtype, dst_strides, src->data, src->dtype,
                                    src_strides, src->ndim, shape, cl_current_stream(st));
     cl_device_exit(src->device, previous);
@@ -247,6 +253,7 @@ DeviceArray_traverse(DeviceArray *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->base);
+    Py_VISIT(self->graph);
     return 0;
 }
 
@@ -267,11 +274,20 @@ DeviceArray_dealloc(DeviceArray *self)
     }
     if (self->alloc != NULL) {
         cl_state *st = cl_state_from_type(type);
-        if (st != NULL) {
-            cl_free(st, self->device, self->alloc, self->alloc_bytes, self->alloc_stream);
+        if (st != NULL && self->graph != NULL) {
+            /* The CUDA graph owns this memory (captured allocation). */
+            st->devices[self->device].requested_current -= self->alloc_bytes;
+            st->devices[self->device].num_frees++;
+            cl_graph_release(self->graph, self->alloc);
+        }
+        else if (st != NULL) {
+            cl_free_after(st, self->device, self->alloc, self->alloc_bytes, self->alloc_stream,
+                          self->used_streams, self->num_used_streams,
+                          self->used_streams_overflow);
         }
         self->alloc = NULL;
     }
+    Py_CLEAR(self->graph);
     Py_CLEAR(self->base);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
@@ -473,9 +489,12 @@ DeviceArray_get(DeviceArray *self, PyObject *unused)
         if (cl_device_enter(st, src->device, &previous) < 0) {
             goto fail;
         }
-        /* Pageable destination: cudaMemcpy waits for the stream's work. */
-        CL_WITHOUT_GIL(err = cudaMemcpy(PyArray_DATA(out), src->data, nbytes,
-                                        cudaMemcpyDeviceToHost));
+        /* Pageable destination: cudaMemcpy waits for the legacy stream's
+         * work; a (non-blocking) current stream is waited for first. */
+        cudaStream_t stream = cl_current_stream(st);
+        CL_WITHOUT_GIL(err = stream != 0 ? cudaStreamSynchronize(stream) : cudaSuccess;
+                       if (err == cudaSuccess) err = cudaMemcpy(PyArray_DATA(out), src->data,
+                                                                nbytes, cudaMemcpyDeviceToHost));
         cl_device_exit(src->device, previous);
         CL_CUDA_CHECK(st, err);
     }
@@ -866,8 +885,15 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(record_stream_doc,
+"record_stream(stream)\n--\n\n"
+"Mark the memory as used on `stream` (a Stream): its free then waits for the\n"
+"work enqueued there so far, like torch's record_stream. Ops record the\n"
+"streams they run on automatically.");
+
 static PyMethodDef DeviceArray_methods[] = {
     {"get", (PyCFunction)DeviceArray_get, METH_NOARGS, get_doc},
+    {"record_stream", (PyCFunction)cl_array_record_stream, METH_O, record_stream_doc},
     {"copy", (PyCFunction)DeviceArray_copy, METH_NOARGS, copy_doc},
     {"astype", (PyCFunction)(void (*)(void))DeviceArray_astype, METH_FASTCALL | METH_KEYWORDS,
      astype_doc},

@@ -873,6 +873,9 @@ do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyOb
     }
     drain_graveyard(st);
     cudaStream_t stream = cl_current_stream(st);
+    cl_array_note_stream(oa.arr, stream); /* stream-safe frees (record_stream) */
+    cl_array_note_stream(ob.arr, stream);
+    if (out != NULL) cl_array_note_stream(out, stream);
 
     if (out != NULL) {
         result = (DeviceArray *)Py_NewRef(out);

@@ -46,10 +46,18 @@ typedef struct cl_device_state {
     long long num_frees;
     long long num_ooms;
     long long num_alloc_retries;
+    /* Streams of dead Stream objects, kept for reuse instead of destroyed:
+     * arrays may still free their memory on them (stream.c). */
+    cudaStream_t *spare_streams;
+    int *spare_priorities;
+    int num_spare_streams, cap_spare_streams;
 } cl_device_state;
 
 typedef struct cl_state {
     PyTypeObject *DeviceArray_Type;
+    PyTypeObject *Stream_Type;   /* stream.c */
+    PyTypeObject *Event_Type;    /* stream.c */
+    PyTypeObject *CUDAGraph_Type; /* graph.c */
     PyObject *CudalabError;
     PyObject *CudaError;
     PyObject *CublasError;
@@ -70,6 +78,8 @@ cl_state *cl_state_from_type(PyTypeObject *type);
 /* A shape (or strides) as a Python tuple of ints, for attributes and messages. */
 PyObject *cl_shape_tuple(int ndim, const Py_ssize_t *values);
 
+#define CL_MAX_USED_STREAMS 4
+
 typedef struct DeviceArray {
     PyObject_HEAD
     char *data;                       /* first element (NULL when size == 0) */
@@ -85,6 +95,14 @@ typedef struct DeviceArray {
     size_t alloc_bytes;               /* bytes the caller asked for */
     cudaStream_t alloc_stream;
     PyObject *weakreflist;
+    /* Streams other than alloc_stream that used the memory (record_stream);
+     * the free waits for them. Overflow: the free synchronizes the device. */
+    cudaStream_t used_streams[CL_MAX_USED_STREAMS];
+    int num_used_streams;
+    bool used_streams_overflow;
+    /* Set when the memory was allocated during CUDA graph capture: the graph
+     * (a CUDAGraph) owns the memory and is kept alive by this reference. */
+    PyObject *graph;
 } DeviceArray;
 
 extern PyType_Spec cl_DeviceArray_spec;
@@ -175,7 +193,29 @@ int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_
 
 /* ---- streams (stream.c) -------------------------------------------------- */
 
+/* The calling thread's current stream on the current device (the legacy
+ * default stream, 0, unless a `with Stream:` block set one). */
 cudaStream_t cl_current_stream(cl_state *st);
+int cl_stream_init(PyObject *module, cl_state *st);
+/* Record that `a`'s memory is used on `s` (on its root owner), so its free
+ * waits for `s`'s work. Never raises. */
+void cl_array_note_stream(const DeviceArray *a, cudaStream_t s);
+/* DeviceArray.record_stream (array.c's method table points here). */
+PyObject *cl_array_record_stream(PyObject *self, PyObject *stream);
+/* A Stream's handle and device; TypeError naming func/param otherwise. */
+int cl_stream_handle(cl_state *st, PyObject *obj, const char *func, const char *param,
+                     cudaStream_t *handle, int *device);
+
+/* ---- CUDA graphs (graph.c) ------------------------------------------------- */
+
+int cl_graph_init(PyObject *module, cl_state *st);
+/* The CUDAGraph capturing on `s` in this thread, or NULL (borrowed). */
+PyObject *cl_graph_capturing(cudaStream_t s);
+/* Memory `ptr` was just allocated on `s`: during capture the graph owns it;
+ * returns a new reference to the graph then, else NULL. Never raises. */
+PyObject *cl_graph_adopt(cudaStream_t s, void *ptr);
+/* An array whose memory a graph owns dies (from dealloc). Never raises. */
+void cl_graph_release(PyObject *graph, void *ptr);
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 
@@ -187,6 +227,10 @@ int cl_malloc(cl_state *st, const char *func, int device, size_t nbytes, cudaStr
               void **out);
 /* Stream-ordered free; never raises (called from dealloc). */
 void cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream);
+/* cl_free after making `stream` wait for the work on `used` streams (or the
+ * whole device when `overflow`). Never raises. */
+void cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream,
+                   const cudaStream_t *used, int num_used, bool overflow);
 
 /* ---- creation (creation.c) ----------------------------------------------- */
 

@@ -132,6 +132,44 @@ cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream)
     cl_device_exit(device, previous);
 }
 
+void
+cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream,
+              const cudaStream_t *used, int num_used, bool overflow)
+{
+    if (ptr != NULL && (num_used > 0 || overflow)) {
+        /* Stream-safe free (record_stream): the memory goes back to the pool
+         * on `stream` only after the other streams' work enqueued so far. */
+        int previous = device;
+        if (cudaGetDevice(&previous) == cudaSuccess && previous != device) {
+            (void)cudaSetDevice(device);
+        }
+        if (overflow) {
+            if (cudaDeviceSynchronize() != cudaSuccess) {
+                (void)cudaGetLastError();
+            }
+        }
+        else {
+            for (int i = 0; i < num_used; i++) {
+                cudaEvent_t ev = NULL;
+                if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+                    cudaEventRecord(ev, used[i]) != cudaSuccess ||
+                    cudaStreamWaitEvent(stream, ev, 0) != cudaSuccess) {
+                    /* Cannot order the free: wait for the device instead. */
+                    (void)cudaGetLastError();
+                    if (cudaDeviceSynchronize() != cudaSuccess) {
+                        (void)cudaGetLastError();
+                    }
+                }
+                if (ev != NULL) {
+                    (void)cudaEventDestroy(ev);
+                }
+            }
+        }
+        cl_device_exit(device, previous);
+    }
+    cl_free(st, device, ptr, nbytes, stream);
+}
+
 /* ---- Python functions ------------------------------------------------------ */
 
 /* Parse the optional `device` argument of a memory query and make sure the

@@ -52,6 +52,9 @@ cl_exec(PyObject *module)
         return -1;
     }
 
+    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st) < 0) {
+        return -1;
+    }
     if (PyModule_AddFunctions(module, cl_device_methods) < 0 ||
         PyModule_AddFunctions(module, cl_memory_methods) < 0 ||
         PyModule_AddFunctions(module, cl_creation_methods) < 0 ||
@@ -73,6 +76,9 @@ cl_traverse(PyObject *module, visitproc visit, void *arg)
 {
     cl_state *st = cl_state_from_module(module);
     Py_VISIT(st->DeviceArray_Type);
+    Py_VISIT(st->Stream_Type);
+    Py_VISIT(st->Event_Type);
+    Py_VISIT(st->CUDAGraph_Type);
     Py_VISIT(st->CudalabError);
     Py_VISIT(st->CudaError);
     Py_VISIT(st->CublasError);
@@ -90,6 +96,9 @@ cl_clear(PyObject *module)
 {
     cl_state *st = cl_state_from_module(module);
     Py_CLEAR(st->DeviceArray_Type);
+    Py_CLEAR(st->Stream_Type);
+    Py_CLEAR(st->Event_Type);
+    Py_CLEAR(st->CUDAGraph_Type);
     Py_CLEAR(st->CudalabError);
     Py_CLEAR(st->CudaError);
     Py_CLEAR(st->CublasError);

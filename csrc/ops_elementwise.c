@@ -670,6 +670,10 @@ ew_run(cl_state *st, const ew_spec *spec, ew_arg *args, int nargs, ew_arg *alpha
             alpha_op.fvalue = alpha->f;
             alpha_op.ivalue = alpha->i;
         }
+        for (int k = 0; k < nargs; k++) { /* stream-safe frees (record_stream) */
+            if (in_arr[k] != NULL) cl_array_note_stream(in_arr[k], cl_current_stream(st));
+        }
+        cl_array_note_stream(result, cl_current_stream(st));
         if (result->data != NULL) {
             CL_CUDA_CHECK(st, cl_elementwise(spec->op, r, result->data, so, nd, shape64, ops,
                                              alpha != NULL ? &alpha_op : NULL,

@@ -270,6 +270,8 @@ reduce_impl(PyObject *module, const reduce_spec *spec, PyObject *const *args, Py
     DeviceArray *tmp = NULL, *ws = NULL, *cast = NULL;
     cl_reduce_desc d;
     cudaStream_t stream = cl_current_stream(st);
+    cl_array_note_stream(a, stream); /* stream-safe frees (record_stream) */
+    if (out != NULL) cl_array_note_stream(out, stream);
     bool c_order = spec->op == CL_REDUCE_ARGMAX;
 
     if (kdtype != a->dtype || !describe(src, axis, c_order, &d)) {

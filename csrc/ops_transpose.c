@@ -99,6 +99,7 @@ transpose(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *k
         cl_device_exit(a->device, previous);
         return NULL;
     }
+    cl_array_note_stream(a, cl_current_stream(st)); /* stream-safe frees */
     if (a->shape[0] > 0 && a->shape[1] > 0) {
         const int64_t item = (int64_t)cl_itemsize(a->dtype);
         cudaError_t err = cl_transpose_2d(out->data, (int64_t)a->shape[0], a->data,

@@ -88,6 +88,9 @@ from .devices import (
 )
 from .memory import memory_summary
 from . import random
+# Streams, events, CUDA graphs (issue 4).
+from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
+from .streams import graph, stream
 
 __version__ = "0.1.0"
 
@@ -162,4 +165,14 @@ __all__ += [  # element-wise ops
     "sqrt",
     "sub",
     "tanh",
+]
+
+__all__ += [  # streams, events, CUDA graphs
+    "CUDAGraph",
+    "Event",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "graph",
+    "stream",
 ]

@@ -1,0 +1,397 @@
+/* CUDA graphs: the CUDAGraph type. The capture context (cudalab.graph) is
+ * Python (streams.py) on top of capture_begin / capture_end / _abort_capture.
+ *
+ * Capture runs on a side stream in cudaStreamCaptureModeThreadLocal; the
+ * graph is instantiated with cudaGraphInstantiateFlagAutoFreeOnLaunch.
+ *
+ * Memory: allocations made on the capturing stream become graph memory
+ * nodes (cudaMallocFromPoolAsync is capturable). Their addresses are fixed
+ * for the graph's life, so arrays created during capture stay valid after it
+ * and hold their values after each replay. Such an array (a->graph set) does
+ * not free its memory itself:
+ *   - it dies during capture (a temporary): its free is captured too;
+ *   - it dies later: the graph keeps the address and frees it when the graph
+ *     is reset or destroyed (after its last launch). Each array holds a
+ *     reference to the graph, and reset() refuses while any is alive. */
+#include "cudalab.h"
+
+typedef struct {
+    PyObject_HEAD
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    int device;
+    bool capturing;
+    bool launched;
+    cudaStream_t capture_stream;
+    cudaStream_t launch_stream; /* last replay's stream */
+    void **ptrs;                /* graph allocations not freed inside the graph */
+    Py_ssize_t num_ptrs, cap_ptrs;
+    Py_ssize_t live_arrays;     /* arrays referring to graph memory */
+} GraphObject;
+
+static _Thread_local GraphObject *tl_capture_graph;  /* borrowed */
+static _Thread_local cudaStream_t tl_capture_stream;
+
+PyObject *
+cl_graph_capturing(cudaStream_t s)
+{
+    if (tl_capture_graph != NULL && tl_capture_stream == s) {
+        return (PyObject *)tl_capture_graph;
+    }
+    return NULL;
+}
+
+PyObject *
+cl_graph_adopt(cudaStream_t s, void *ptr)
+{
+    GraphObject *g = tl_capture_graph;
+    if (g == NULL || ptr == NULL || tl_capture_stream != s) {
+        return NULL;
+    }
+    if (g->num_ptrs == g->cap_ptrs) {
+        Py_ssize_t cap = g->cap_ptrs ? 2 * g->cap_ptrs : 16;
+        void **p = PyMem_Realloc(g->ptrs, (size_t)cap * sizeof *p);
+        if (p == NULL) {
+            return NULL; /* the array then frees its memory inside the graph */
+        }
+        g->ptrs = p;
+        g->cap_ptrs = cap;
+    }
+    g->ptrs[g->num_ptrs++] = ptr;
+    g->live_arrays++;
+    return Py_NewRef(g);
+}
+
+static bool
+forget_ptr(GraphObject *g, void *ptr)
+{
+    for (Py_ssize_t i = 0; i < g->num_ptrs; i++) {
+        if (g->ptrs[i] == ptr) {
+            g->ptrs[i] = g->ptrs[--g->num_ptrs];
+            return true;
+        }
+    }
+    return false;
+}
+
+void
+cl_graph_release(PyObject *graph, void *ptr)
+{
+    GraphObject *g = (GraphObject *)graph;
+    g->live_arrays--;
+    if (g->capturing && tl_capture_graph == g && forget_ptr(g, ptr)) {
+        /* A temporary of the captured work: capture its free as well. */
+        if (cudaFreeAsync(ptr, g->capture_stream) != cudaSuccess) {
+            (void)cudaGetLastError();
+        }
+    }
+}
+
+/* Drop the graph and everything it owns; never raises. */
+static void
+destroy_all(GraphObject *g)
+{
+    int previous = g->device;
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != g->device) {
+        (void)cudaSetDevice(g->device);
+    }
+    if (g->launched) {
+        /* Graph memory is live after a launch; free it after the last one. */
+        for (Py_ssize_t i = 0; i < g->num_ptrs; i++) {
+            if (cudaFreeAsync(g->ptrs[i], g->launch_stream) != cudaSuccess) {
+                (void)cudaGetLastError();
+            }
+        }
+    }
+    g->num_ptrs = 0;
+    if (g->exec != NULL && cudaGraphExecDestroy(g->exec) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+    if (g->graph != NULL && cudaGraphDestroy(g->graph) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+    g->exec = NULL;
+    g->graph = NULL;
+    g->launched = false;
+    cl_device_exit(g->device, previous);
+}
+
+/* End a capture that failed or is abandoned; the stream is usable after. */
+static void
+abort_capture(GraphObject *g)
+{
+    cudaGraph_t partial = NULL;
+    if (!g->capturing) {
+        return;
+    }
+    if (cudaStreamEndCapture(g->capture_stream, &partial) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+    if (partial != NULL) {
+        (void)cudaGraphDestroy(partial);
+    }
+    (void)cudaGetLastError();
+    g->capturing = false;
+    if (tl_capture_graph == g) {
+        tl_capture_graph = NULL;
+        tl_capture_stream = NULL;
+    }
+    /* Nothing was ever allocated for real: forget the addresses. */
+    g->num_ptrs = 0;
+}
+
+static PyObject *
+Graph_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "CUDAGraph() takes no arguments");
+        return NULL;
+    }
+    GraphObject *g = PyObject_New(GraphObject, type);
+    if (g == NULL) {
+        return NULL;
+    }
+    g->graph = NULL;
+    g->exec = NULL;
+    g->device = 0;
+    g->capturing = g->launched = false;
+    g->capture_stream = g->launch_stream = NULL;
+    g->ptrs = NULL;
+    g->num_ptrs = g->cap_ptrs = 0;
+    g->live_arrays = 0;
+    return (PyObject *)g;
+}
+
+static void
+Graph_dealloc(GraphObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    abort_capture(self);
+    destroy_all(self);
+    PyMem_Free(self->ptrs);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+PyDoc_STRVAR(Graph_capture_begin_doc,
+"capture_begin(stream)\n--\n\n"
+"Start capturing the work this thread enqueues on `stream` (a Stream, not the\n"
+"legacy default stream). Prefer the ``with cudalab.graph(g):`` context.");
+
+static PyObject *
+Graph_capture_begin(GraphObject *self, PyObject *stream)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    cudaStream_t handle;
+    int device, previous;
+    if (cl_stream_handle(st, stream, "capture_begin", "stream", &handle, &device) < 0) {
+        return NULL;
+    }
+    if (handle == NULL) {
+        return cl_arg_error(PyExc_ValueError, "capture_begin", "stream",
+                            "cannot capture on the legacy default stream; use a Stream()"),
+               NULL;
+    }
+    if (self->capturing) {
+        PyErr_SetString(PyExc_RuntimeError, "capture_begin(): this CUDAGraph is already capturing");
+        return NULL;
+    }
+    if (self->exec != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "capture_begin(): this CUDAGraph already holds a captured graph; "
+                        "call reset() first");
+        return NULL;
+    }
+    if (tl_capture_graph != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "capture_begin(): this thread is already capturing another graph");
+        return NULL;
+    }
+    if (cl_device_enter(st, device, &previous) < 0) {
+        return NULL;
+    }
+    cudaError_t err = cudaStreamBeginCapture(handle, cudaStreamCaptureModeThreadLocal);
+    cl_device_exit(device, previous);
+    CL_CUDA_CHECK(st, err);
+    self->device = device;
+    self->capturing = true;
+    self->capture_stream = handle;
+    self->num_ptrs = 0;
+    tl_capture_graph = self;
+    tl_capture_stream = handle;
+    Py_RETURN_NONE;
+fail:
+    return NULL;
+}
+
+PyDoc_STRVAR(Graph_capture_end_doc,
+"capture_end()\n--\n\nEnd the capture and instantiate the graph for replay().");
+
+static PyObject *
+Graph_capture_end(GraphObject *self, PyObject *unused)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    cudaGraph_t graph = NULL;
+    int previous;
+    if (!self->capturing || tl_capture_graph != self) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "capture_end(): this CUDAGraph is not capturing in this thread");
+        return NULL;
+    }
+    if (cl_device_enter(st, self->device, &previous) < 0) {
+        abort_capture(self);
+        return NULL;
+    }
+    cudaError_t err = cudaStreamEndCapture(self->capture_stream, &graph);
+    self->capturing = false;
+    tl_capture_graph = NULL;
+    tl_capture_stream = NULL;
+    if (err == cudaSuccess) {
+        self->graph = graph;
+        err = cudaGraphInstantiateWithFlags(&self->exec, graph,
+                                            cudaGraphInstantiateFlagAutoFreeOnLaunch);
+        if (err != cudaSuccess) {
+            self->exec = NULL;
+        }
+    }
+    else if (graph != NULL) {
+        (void)cudaGraphDestroy(graph);
+    }
+    cl_device_exit(self->device, previous);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (self->graph != NULL) {
+            (void)cudaGraphDestroy(self->graph);
+            self->graph = NULL;
+        }
+        self->num_ptrs = 0;
+        CL_CUDA_CHECK(st, err);
+    }
+    Py_RETURN_NONE;
+fail:
+    return NULL;
+}
+
+PyDoc_STRVAR(Graph_abort_capture_doc,
+"_abort_capture()\n--\n\nEnd a capture and discard it (used on errors).");
+
+static PyObject *
+Graph_abort_capture(GraphObject *self, PyObject *unused)
+{
+    abort_capture(self);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Graph_replay_doc,
+"replay()\n--\n\nLaunch the captured work on the current stream.");
+
+static PyObject *
+Graph_replay(GraphObject *self, PyObject *unused)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    int previous;
+    if (self->exec == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        self->capturing ? "replay(): the graph is still capturing"
+                                        : "replay(): nothing captured (use `with graph(g):`)");
+        return NULL;
+    }
+    if (cl_device_enter(st, self->device, &previous) < 0) {
+        return NULL;
+    }
+    cudaStream_t stream = cl_current_stream(st);
+    cudaError_t err = cudaGraphLaunch(self->exec, stream);
+    cl_device_exit(self->device, previous);
+    CL_CUDA_CHECK(st, err);
+    self->launched = true;
+    self->launch_stream = stream;
+    Py_RETURN_NONE;
+fail:
+    return NULL;
+}
+
+PyDoc_STRVAR(Graph_reset_doc,
+"reset()\n--\n\n"
+"Destroy the captured graph so the object can capture again. Raises while\n"
+"arrays created during the capture are alive (their memory is the graph's).");
+
+static PyObject *
+Graph_reset(GraphObject *self, PyObject *unused)
+{
+    if (self->capturing) {
+        PyErr_SetString(PyExc_RuntimeError, "reset(): the graph is capturing");
+        return NULL;
+    }
+    if (self->live_arrays > 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "reset(): %zd array(s) created during capture are still alive; their "
+                     "memory belongs to the graph (delete them first)",
+                     self->live_arrays);
+        return NULL;
+    }
+    destroy_all(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Graph_get_capturing(GraphObject *self, void *c)
+{
+    return PyBool_FromLong(self->capturing);
+}
+
+static PyObject *
+Graph_get_captured(GraphObject *self, void *c)
+{
+    return PyBool_FromLong(self->exec != NULL);
+}
+
+static PyMethodDef Graph_methods[] = {
+    {"capture_begin", (PyCFunction)Graph_capture_begin, METH_O, Graph_capture_begin_doc},
+    {"capture_end", (PyCFunction)Graph_capture_end, METH_NOARGS, Graph_capture_end_doc},
+    {"_abort_capture", (PyCFunction)Graph_abort_capture, METH_NOARGS, Graph_abort_capture_doc},
+    {"replay", (PyCFunction)Graph_replay, METH_NOARGS, Graph_replay_doc},
+    {"reset", (PyCFunction)Graph_reset, METH_NOARGS, Graph_reset_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Graph_getset[] = {
+    {"capturing", (getter)Graph_get_capturing, NULL, "True between capture begin and end.",
+     NULL},
+    {"captured", (getter)Graph_get_captured, NULL, "True when replay() has a graph to run.",
+     NULL},
+    {NULL},
+};
+
+PyDoc_STRVAR(Graph_doc,
+"CUDAGraph()\n--\n\n"
+"A captured CUDA graph. Capture with ``with cudalab.graph(g):``, then\n"
+"``g.replay()`` runs the captured work again on the current stream.\n"
+"Arrays created during capture keep fixed addresses: after each replay they\n"
+"hold that replay's results.");
+
+static PyType_Slot Graph_slots[] = {
+    {Py_tp_doc, (void *)Graph_doc},
+    {Py_tp_new, Graph_new},
+    {Py_tp_dealloc, Graph_dealloc},
+    {Py_tp_methods, Graph_methods},
+    {Py_tp_getset, Graph_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Graph_spec = {
+    .name = "cudalab.CUDAGraph",
+    .basicsize = sizeof(GraphObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Graph_slots,
+};
+
+int
+cl_graph_init(PyObject *module, cl_state *st)
+{
+    st->CUDAGraph_Type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Graph_spec, NULL);
+    if (st->CUDAGraph_Type == NULL ||
+        PyModule_AddObjectRef(module, "CUDAGraph", (PyObject *)st->CUDAGraph_Type) < 0) {
+        return -1;
+    }
+    return 0;
+}
