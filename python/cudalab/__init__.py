@@ -79,6 +79,8 @@ from ._core import (  # noqa: A004
     sub,
     tanh,
 )
+# Pinned host memory and interop (issue 4).
+from ._core import from_dlpack, is_pinned, pinned_empty
 from .devices import (
     DeviceProperties,
     device,
@@ -163,3 +165,5 @@ __all__ += [  # element-wise ops
     "sub",
     "tanh",
 ]
+
+__all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
