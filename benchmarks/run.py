@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 from timing import row, time_cuda  # noqa: E402
 
-MODULES = ["elementwise", "reduce", "transpose", "matmul"]
+MODULES = ["elementwise", "reduce", "transpose", "matmul", "streams", "transfer"]
 
 
 def copy_ceiling(quick: bool) -> list[dict]:

@@ -124,6 +124,7 @@ alloc_object(cl_state *st)
     a->num_used_streams = 0;
     a->used_streams_overflow = false;
     a->graph = NULL;
+    a->host_keepalive = NULL;
     PyObject_GC_Track((PyObject *)a);
     return a;
 }
@@ -198,6 +199,26 @@ cl_array_view(cl_state *st, DeviceArray *src, char *data, int ndim, const Py_ssi
     return a;
 }
 
+DeviceArray *
+cl_array_wrap(cl_state *st, PyObject *base, char *data, int device, cl_dtype dtype, int ndim,
+              const Py_ssize_t *shape, const Py_ssize_t *strides)
+{
+    DeviceArray *a = alloc_object(st);
+    if (a == NULL) {
+        return NULL;
+    }
+    a->base = Py_NewRef(base);
+    a->data = data;
+    a->device = device;
+    a->dtype = dtype;
+    a->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        a->shape[i] = shape[i];
+        a->strides[i] = strides[i];
+    }
+    return a;
+}
+
 int
 cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src)
 {
@@ -254,6 +275,7 @@ DeviceArray_traverse(DeviceArray *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->base);
     Py_VISIT(self->graph);
+    Py_VISIT(self->host_keepalive);
     return 0;
 }
 
@@ -261,6 +283,7 @@ static int
 DeviceArray_clear(DeviceArray *self)
 {
     Py_CLEAR(self->base);
+    Py_CLEAR(self->host_keepalive);
     return 0;
 }
 
@@ -289,6 +312,7 @@ DeviceArray_dealloc(DeviceArray *self)
     }
     Py_CLEAR(self->graph);
     Py_CLEAR(self->base);
+    Py_CLEAR(self->host_keepalive);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
 }
@@ -448,25 +472,109 @@ static PyGetSetDef DeviceArray_getset[] = {
     {"base", (getter)get_base, NULL, "The array owning the memory of a view; None for an owner.",
      NULL},
     {"T", (getter)get_T, NULL, "View with the axes reversed.", NULL},
+    {"__cuda_array_interface__", (getter)cl_array_cuda_array_interface, NULL,
+     "CUDA Array Interface v3 (zero-copy export; see interop.c). Not for bfloat16.", NULL},
     {NULL},
 };
 
 /* ---- methods --------------------------------------------------------------- */
 
 PyDoc_STRVAR(get_doc,
-"get()\n--\n\n"
-"Copy to a new NumPy array (synchronous; the GIL is released meanwhile).\n\n"
+"get(out=None, non_blocking=False)\n--\n\n"
+"Copy to the host: a new NumPy array, or into `out`.\n\n"
 "A dense array (C, Fortran or any axis order) arrives with the same strides;\n"
 "any other view is compacted on the device first and arrives in C order.\n"
-"bfloat16 arrives as ml_dtypes.bfloat16.");
+"bfloat16 arrives as ml_dtypes.bfloat16. The copy is ordered on the current\n"
+"stream.\n\n"
+"Parameters\n----------\n"
+"out : numpy.ndarray, optional\n"
+"    Writable, same shape and dtype, C-contiguous (or with this array's own\n"
+"    dense layout). Returned.\n"
+"non_blocking : bool, optional\n"
+"    With a pinned `out` (pinned_empty), enqueue the copy and return at once:\n"
+"    synchronize (cudalab.synchronize() or the stream) before reading `out`.\n"
+"    Otherwise ignored: the copy is synchronous (the GIL is released while\n"
+"    waiting).");
+
+/* `out` can take the bytes of `a` (dense) as one block. */
+static bool
+same_dense_layout(const DeviceArray *a, PyArrayObject *out)
+{
+    if (!cl_is_dense(a)) {
+        return false;
+    }
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] > 1 && a->strides[i] != PyArray_STRIDES(out)[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* get()'s `out`: checked before any GPU call. */
+static int
+check_get_out(cl_state *st, DeviceArray *self, PyObject *obj)
+{
+    if (!PyArray_Check(obj)) {
+        return cl_arg_error(PyExc_TypeError, "get", "out", "expected a numpy.ndarray, got %.100s",
+                            Py_TYPE(obj)->tp_name);
+    }
+    PyArrayObject *out = (PyArrayObject *)obj;
+    if (!PyArray_EquivTypes(PyArray_DESCR(out), st->descr[self->dtype])) {
+        return cl_arg_error(PyExc_TypeError, "get", "out",
+                            "dtype %R does not match the array's dtype %s",
+                            (PyObject *)PyArray_DESCR(out), cl_dtype_name(self->dtype));
+    }
+    bool same_shape = PyArray_NDIM(out) == self->ndim;
+    for (int i = 0; same_shape && i < self->ndim; i++) {
+        same_shape = PyArray_DIMS(out)[i] == self->shape[i];
+    }
+    if (!same_shape) {
+        PyObject *want = shape_tuple(self->ndim, self->shape);
+        PyObject *got = shape_tuple(PyArray_NDIM(out), PyArray_DIMS(out));
+        if (want != NULL && got != NULL) {
+            cl_arg_error(PyExc_ValueError, "get", "out",
+                         "shape %R does not match the array's shape %R", got, want);
+        }
+        Py_XDECREF(want);
+        Py_XDECREF(got);
+        return -1;
+    }
+    if (!PyArray_ISWRITEABLE(out)) {
+        return cl_arg_error(PyExc_ValueError, "get", "out", "is read-only");
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(out) && !same_dense_layout(self, out)) {
+        return cl_arg_error(PyExc_ValueError, "get", "out",
+                            "must be C-contiguous (or have the array's own dense layout)");
+    }
+    return 0;
+}
 
 static PyObject *
-DeviceArray_get(DeviceArray *self, PyObject *unused)
+DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    static const char *const names[] = {"out", "non_blocking", NULL};
     cl_state *st = cl_state_from_type(Py_TYPE(self));
+    PyObject *argv[2];
     DeviceArray *src = self;
     PyArrayObject *out = NULL;
-    if (!cl_is_dense(self)) {
+    int non_blocking = 0;
+    if (cl_parse_args("get", args, nargs, kwnames, names, 0, argv) < 0) {
+        return NULL;
+    }
+    if (argv[1] != NULL && (non_blocking = PyObject_IsTrue(argv[1])) < 0) {
+        return NULL;
+    }
+    PyObject *out_obj = argv[0] != NULL && argv[0] != Py_None ? argv[0] : NULL;
+    if (out_obj != NULL && check_get_out(st, self, out_obj) < 0) {
+        return NULL;
+    }
+    /* The bytes that cross: `self` itself when `out` (or a new array) can
+     * take its layout as one block, else a C-contiguous device copy. */
+    bool direct = out_obj == NULL ? cl_is_dense(self)
+                                  : same_dense_layout(self, (PyArrayObject *)out_obj) ||
+                                        cl_is_c_contiguous(self);
+    if (!direct) {
         src = cl_array_contiguous_copy(st, "get", self, self->dtype);
         if (src == NULL) {
             return NULL;
@@ -475,12 +583,18 @@ DeviceArray_get(DeviceArray *self, PyObject *unused)
     else {
         Py_INCREF(src);
     }
-    PyArray_Descr *descr = st->descr[src->dtype];
-    Py_INCREF(descr); /* stolen below */
-    out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
-                                                src->strides, NULL, NPY_ARRAY_WRITEABLE, NULL);
-    if (out == NULL) {
-        goto fail;
+    if (out_obj != NULL) {
+        out = (PyArrayObject *)Py_NewRef(out_obj);
+    }
+    else {
+        PyArray_Descr *descr = st->descr[src->dtype];
+        Py_INCREF(descr); /* stolen below */
+        out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
+                                                    src->strides, NULL, NPY_ARRAY_WRITEABLE,
+                                                    NULL);
+        if (out == NULL) {
+            goto fail;
+        }
     }
     size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
     if (nbytes > 0) {
@@ -489,12 +603,14 @@ DeviceArray_get(DeviceArray *self, PyObject *unused)
         if (cl_device_enter(st, src->device, &previous) < 0) {
             goto fail;
         }
-        /* Pageable destination: cudaMemcpy waits for the legacy stream's
-         * work; a (non-blocking) current stream is waited for first. */
         cudaStream_t stream = cl_current_stream(st);
-        CL_WITHOUT_GIL(err = stream != 0 ? cudaStreamSynchronize(stream) : cudaSuccess;
-                       if (err == cudaSuccess) err = cudaMemcpy(PyArray_DATA(out), src->data,
-                                                                nbytes, cudaMemcpyDeviceToHost));
+        bool async = non_blocking && cl_host_is_pinned(PyArray_DATA(out));
+        err = cudaMemcpyAsync(PyArray_DATA(out), src->data, nbytes, cudaMemcpyDeviceToHost,
+                              stream);
+        if (err == cudaSuccess && !async) {
+            /* Pageable (or blocking) destination: wait for the stream. */
+            CL_WITHOUT_GIL(err = cudaStreamSynchronize(stream));
+        }
         cl_device_exit(src->device, previous);
         CL_CUDA_CHECK(st, err);
     }
@@ -892,8 +1008,14 @@ PyDoc_STRVAR(record_stream_doc,
 "streams they run on automatically.");
 
 static PyMethodDef DeviceArray_methods[] = {
-    {"get", (PyCFunction)DeviceArray_get, METH_NOARGS, get_doc},
+    {"get", (PyCFunction)(void (*)(void))DeviceArray_get, METH_FASTCALL | METH_KEYWORDS,
+     get_doc},
     {"record_stream", (PyCFunction)cl_array_record_stream, METH_O, record_stream_doc},
+    {"__dlpack__", (PyCFunction)(void (*)(void))cl_array_dlpack, METH_FASTCALL | METH_KEYWORDS,
+     "__dlpack__(stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+     "Export as a DLPack capsule (zero-copy); see cudalab.from_dlpack."},
+    {"__dlpack_device__", (PyCFunction)cl_array_dlpack_device, METH_NOARGS,
+     "__dlpack_device__()\n--\n\n(2, device): kDLCUDA and the device index."},
     {"copy", (PyCFunction)DeviceArray_copy, METH_NOARGS, copy_doc},
     {"astype", (PyCFunction)(void (*)(void))DeviceArray_astype, METH_FASTCALL | METH_KEYWORDS,
      astype_doc},

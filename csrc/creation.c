@@ -257,7 +257,7 @@ CREATOR(full_like, FILL_VALUE, true,
  * strides and travel as one block; anything else is compacted to C order on
  * the host first, since only its elements, not its extent, should cross PCIe. */
 static PyObject *
-upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype)
+upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype, bool non_blocking)
 {
     PyArrayObject *host = arr;
     int ndim = PyArray_NDIM(arr);
@@ -279,11 +279,24 @@ upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype)
     size_t nbytes = (size_t)PyArray_NBYTES(host);
     if (nbytes > 0) {
         cudaError_t err;
-        /* Pageable source: the runtime stages it, and the call returns once
-         * the source may be reused. */
-        CL_WITHOUT_GIL(err = cudaMemcpy(out->data, PyArray_DATA(host), nbytes,
-                                        cudaMemcpyHostToDevice));
-        CL_CUDA_CHECK(st, err);
+        cudaStream_t stream = cl_current_stream(st);
+        if (non_blocking && host == arr && cl_host_is_pinned(PyArray_DATA(host))) {
+            /* Pinned source: the DMA engine reads it when the stream gets
+             * there; keep it alive until this array dies. */
+            CL_CUDA_CHECK(st, cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes,
+                                              cudaMemcpyHostToDevice, stream));
+            out->host_keepalive = Py_NewRef((PyObject *)host);
+        }
+        else {
+            /* Pageable (or temporary) source: wait until the copy is done, so
+             * the caller may reuse or free it at once. */
+            err = cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes, cudaMemcpyHostToDevice,
+                                  stream);
+            if (err == cudaSuccess) {
+                CL_WITHOUT_GIL(err = cudaStreamSynchronize(stream));
+            }
+            CL_CUDA_CHECK(st, err);
+        }
     }
     Py_DECREF(host);
     return (PyObject *)out;
@@ -294,25 +307,40 @@ fail:
 }
 
 PyDoc_STRVAR(asarray_doc,
-"asarray(obj, dtype=None)\n--\n\n"
+"asarray(obj, dtype=None, non_blocking=False)\n--\n\n"
 "A DeviceArray holding `obj`'s values.\n\n"
 "A DeviceArray is returned as is (or converted when `dtype` differs).\n"
+"A foreign device array is viewed without a copy (then converted when\n"
+"`dtype` differs): first a DLPack producer whose __dlpack_device__ is a CUDA\n"
+"device (PyTorch, CuPy, JAX), else any object with __cuda_array_interface__\n"
+"(Numba, CuPy, PyTorch); see from_dlpack. The view keeps the producer alive.\n"
 "Anything NumPy's asarray accepts (arrays of any layout, buffers, nested\n"
 "sequences, scalars) is converted on the host by NumPy, then copied to the\n"
 "current device: a dense source keeps its strides (C, Fortran, transposed),\n"
 "any other arrives C-contiguous.\n\n"
-"Parameters\n----------\nobj : array_like or DeviceArray\n"
-"dtype : dtype-like, optional\n    Convert to this dtype (as ``np.asarray(obj, dtype)`` does).");
+"Parameters\n----------\nobj : array_like, DeviceArray or a device array of another library\n"
+"dtype : dtype-like, optional\n    Convert to this dtype (as ``np.asarray(obj, dtype)`` does).\n"
+"non_blocking : bool, optional\n"
+"    With a NumPy source in pinned memory (pinned_empty) that needs no\n"
+"    conversion, enqueue the copy on the current stream and return at once;\n"
+"    the source must not be modified until the stream has done the copy\n"
+"    (the new array keeps a reference to it, so it cannot be freed early).\n"
+"    From pageable memory, or when a host-side conversion was needed, the\n"
+"    copy is synchronous regardless: safe, just not overlapped.");
 
 static PyObject *
 asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"obj", "dtype", NULL};
+    static const char *const names[] = {"obj", "dtype", "non_blocking", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[2];
+    PyObject *argv[3];
     cl_dtype dtype;
     bool have_dtype = false;
+    int non_blocking = 0;
     if (cl_parse_args("asarray", args, nargs, kwnames, names, 1, argv) < 0) {
+        return NULL;
+    }
+    if (argv[2] != NULL && (non_blocking = PyObject_IsTrue(argv[2])) < 0) {
         return NULL;
     }
     PyObject *obj = argv[0];
@@ -329,10 +357,21 @@ asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         }
         return (PyObject *)cl_array_contiguous_copy(st, "asarray", a, dtype);
     }
-    if (!PyArray_Check(obj) && PyObject_HasAttrString(obj, "__cuda_array_interface__")) {
-        return cl_arg_error(PyExc_TypeError, "asarray", "obj",
-                            "zero-copy import of %.100s (__cuda_array_interface__) is not "
-                            "supported yet", Py_TYPE(obj)->tp_name), NULL;
+    if (!PyArray_Check(obj)) {
+        PyObject *imported = NULL;
+        int rc = cl_import_device_object(st, obj, "asarray", &imported);
+        if (rc < 0) {
+            return NULL;
+        }
+        if (rc > 0) {
+            DeviceArray *a = (DeviceArray *)imported;
+            if (!have_dtype || dtype == a->dtype) {
+                return imported;
+            }
+            DeviceArray *c = cl_array_contiguous_copy(st, "asarray", a, dtype);
+            Py_DECREF(imported);
+            return (PyObject *)c;
+        }
     }
     PyArray_Descr *descr = NULL;
     if (have_dtype) {
@@ -363,7 +402,7 @@ asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     PyObject *out = NULL;
     if (cl_require_device(st, "asarray") == 0) {
-        out = upload(st, arr, (cl_dtype)code);
+        out = upload(st, arr, (cl_dtype)code, non_blocking != 0);
     }
     Py_DECREF(arr);
     return out;

@@ -103,6 +103,9 @@ typedef struct DeviceArray {
     /* Set when the memory was allocated during CUDA graph capture: the graph
      * (a CUDAGraph) owns the memory and is kept alive by this reference. */
     PyObject *graph;
+    /* Host array an asynchronous upload reads from (asarray(pinned,
+     * non_blocking=True)): kept alive until this owner dies. Usually NULL. */
+    PyObject *host_keepalive;
 } DeviceArray;
 
 extern PyType_Spec cl_DeviceArray_spec;
@@ -128,6 +131,10 @@ DeviceArray *cl_array_new(cl_state *st, const char *func, int ndim, const Py_ssi
 /* New view of `src`'s memory; keeps the root owner alive. */
 DeviceArray *cl_array_view(cl_state *st, DeviceArray *src, char *data, int ndim,
                            const Py_ssize_t *shape, const Py_ssize_t *strides);
+/* Zero-copy array over foreign device memory at `data` (interop.c's
+ * imports); keeps `base` alive and never frees the memory itself. */
+DeviceArray *cl_array_wrap(cl_state *st, PyObject *base, char *data, int device, cl_dtype dtype,
+                           int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides);
 /* dst (any layout, same shape) <- src with dtype conversion, on the current stream. */
 int cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src);
 /* C-contiguous copy of `a` in `dtype`, on a's device. */
@@ -232,6 +239,10 @@ void cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t st
 void cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream,
                    const cudaStream_t *used, int num_used, bool overflow);
 
+/* True when `ptr` lies in page-locked host memory (cudaHostAlloc or
+ * registered); never raises. */
+bool cl_host_is_pinned(const void *ptr);
+
 /* ---- creation (creation.c) ----------------------------------------------- */
 
 extern PyMethodDef cl_creation_methods[];
@@ -246,6 +257,19 @@ extern PyMethodDef cl_reduce_methods[];      /* ops_reduce.c */
 extern PyMethodDef cl_transpose_methods[];   /* ops_transpose.c */
 extern PyMethodDef cl_random_methods[];      /* ops_random.c */
 extern PyMethodDef cl_blas_methods[];        /* blas.c */
+extern PyMethodDef cl_interop_methods[];     /* interop.c */
+
+/* ---- interop (interop.c): DLPack and the CUDA Array Interface -------------- */
+
+/* DeviceArray.__cuda_array_interface__, __dlpack__, __dlpack_device__. */
+PyObject *cl_array_cuda_array_interface(DeviceArray *self, void *closure);
+PyObject *cl_array_dlpack(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
+PyObject *cl_array_dlpack_device(DeviceArray *self, PyObject *unused);
+/* asarray's import of a foreign device array (DLPack producer on a CUDA
+ * device, else __cuda_array_interface__): 1 with *out set, 0 when `obj` is
+ * neither (nothing raised), -1 on error. */
+int cl_import_device_object(cl_state *st, PyObject *obj, const char *func, PyObject **out);
 
 /* DeviceArray's number protocol (array.c's slots point here). Binary slots
  * receive operands in either order and return Py_NotImplemented for types

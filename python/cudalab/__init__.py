@@ -79,6 +79,8 @@ from ._core import (  # noqa: A004
     sub,
     tanh,
 )
+# Pinned host memory and interop (issue 4).
+from ._core import from_dlpack, is_pinned, pinned_empty
 from .devices import (
     DeviceProperties,
     device,
@@ -176,3 +178,4 @@ __all__ += [  # streams, events, CUDA graphs
     "graph",
     "stream",
 ]
+__all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
