@@ -530,8 +530,8 @@ check_get_out(cl_state *st, DeviceArray *self, PyObject *obj)
         same_shape = PyArray_DIMS(out)[i] == self->shape[i];
     }
     if (!same_shape) {
-        PyObject *want = shape_tuple(self->ndim, self->shape);
-        PyObject *got = shape_tuple(PyArray_NDIM(out), PyArray_DIMS(out));
+        PyObject *want = cl_shape_tuple(self->ndim, self->shape);
+        PyObject *got = cl_shape_tuple(PyArray_NDIM(out), PyArray_DIMS(out));
         if (want != NULL && got != NULL) {
             cl_arg_error(PyExc_ValueError, "get", "out",
                          "shape %R does not match the array's shape %R", got, want);
