@@ -138,7 +138,8 @@ def test_we_read_and_write_torch_memory(torch, rng):
         assert imported.data_ptr == t.data_ptr()
         cudalab.add(imported, 1, out=imported)
     torch.cuda.synchronize()
-    np.testing.assert_array_equal(t.cpu().numpy(), x + 2)
+    # Two float32 increments, rounded after each (x + 2 can differ in the last bit).
+    np.testing.assert_array_equal(t.cpu().numpy(), (x + 1) + 1)
     # CAI import of a strided torch view
     class CAIOnly:
         def __init__(self, tensor):
