@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 from timing import row, time_cuda  # noqa: E402
 
-MODULES = ["elementwise", "reduce", "transpose", "matmul", "streams", "transfer"]
+MODULES = ["elementwise", "reduce", "transpose", "matmul", "streams", "transfer", "pipeline"]
 
 
 def copy_ceiling(quick: bool) -> list[dict]:
