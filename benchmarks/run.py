@@ -65,12 +65,14 @@ def main() -> int:
         rows.extend(module.run(args.quick))
 
     ceiling = max(r["gb_per_s"] for r in rows if r["op"] == "copy")
-    torch_rows = {(r["op"], tuple(r["shape"]), r["dtype"], r.get("variant")): r
-                  for r in rows if r["impl"] == "torch"}
+    def key(r):  # rows compare with the torch row of the same op, size and variant
+        return (r["op"], tuple(r["shape"]), r["dtype"], r.get("variant"), r.get("memory"))
+
+    torch_rows = {key(r): r for r in rows if r["impl"] == "torch"}
     for r in rows:
         if "gb_per_s" in r:
             r["pct_of_copy_ceiling"] = 100.0 * r["gb_per_s"] / ceiling
-        ref = torch_rows.get((r["op"], tuple(r["shape"]), r["dtype"], r.get("variant")))
+        ref = torch_rows.get(key(r))
         if ref is not None and r["impl"] != "torch":
             r["speedup_vs_torch"] = ref["median_ms"] / r["median_ms"]
 
@@ -97,7 +99,8 @@ def main() -> int:
     print(f"{'op':<22} {'impl':<8} {'variant':<22} {'shape':<18} {'dtype':<9} "
           f"{'median ms':>10} {'IQR ms':>8} {'GB/s':>8} {'TFLOP/s':>8} {'%copy':>6} {'x torch':>8}")
     for r in rows:
-        print(f"{r['op']:<22} {r['impl']:<8} {str(r.get('variant', '')):<22} "
+        variant = r.get("variant", r.get("memory", ""))
+        print(f"{r['op']:<22} {r['impl']:<8} {str(variant):<22} "
               f"{'x'.join(map(str, r['shape'])):<18} {r['dtype']:<9} "
               f"{r['median_ms']:>10.4f} {r['iqr_ms']:>8.4f} "
               f"{r.get('gb_per_s', float('nan')):>8.0f} {r.get('tflops', float('nan')):>8.1f} "
