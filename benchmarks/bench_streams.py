@@ -17,20 +17,16 @@ CuPy (missing ones are skipped).
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Callable
+
+from timing import median_iqr, times_ms  # noqa: E402
 
 N = 1024
 OPS = 100
 
 
-def _quantiles(values: list[float]) -> tuple[float, float]:
-    values = sorted(values)
-    if len(values) < 4:
-        return statistics.median(values), 0.0
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[1], q[2] - q[0]
+_quantiles = median_iqr
 
 
 def _row(op: str, impl: str, per_op_ms: list[float], nbytes_per_op: int,
@@ -114,17 +110,7 @@ def _bench_graph(cl: Any, torch: Any, np: Any, repeats: int) -> list[dict[str, A
             _ops_torch(tx, ty)
 
         def torch_times(fn: Callable[[], Any]) -> list[float]:
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            st = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-            en = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-            for a, b in zip(st, en):
-                a.record()
-                fn()
-                b.record()
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(st, en)]
+            return times_ms(fn, 5, repeats)  # torch's CUDA events
 
         rows.append(_row("graph_100_elementwise", "torch",
                          [v / OPS for v in torch_times(tg.replay)], nbytes))
