@@ -1,0 +1,149 @@
+"""The ``cudalab`` command line (also ``python -m cudalab``).
+
+Commands:
+
+* ``check``: a report of every device (deviceQuery-style properties and
+  theoretical peaks, plus live utilization, clocks, temperature and power
+  nvidia-smi style when NVML is installed: ``pip install nvidia-ml-py``).
+  Exits 1 with a clear message when no GPU or driver is present.
+
+The benchmark commands (``bench ...``, ``ceilings``) come with the
+measurement harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any, Sequence
+
+from . import _core
+from .devices import get_device_properties
+from .memory import format_bytes
+
+
+def _nvml_sample(index: int, pci_bus_id: str) -> dict[str, Any] | None:
+    """Live state from NVML, matched by PCI bus id; None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
+            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return {
+                "gpu_utilization_pct": util.gpu,
+                "memory_utilization_pct": util.memory,
+                "memory_used_bytes": memory.used,
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "memory_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        return {"error": str(exc)}
+
+
+def _no_device_reason() -> str:
+    try:
+        _core.current_device()
+    except _core.NoDeviceError as exc:
+        return str(exc).replace("current_device(): ", "")
+    return "no CUDA device is available"
+
+
+def check_report() -> dict[str, Any]:
+    """Everything `cudalab check` prints, as a dict (also its --json output)."""
+    report: dict[str, Any] = {
+        "cuda_runtime": _core.runtime_version(),
+        "cuda_driver": _core.driver_version(),
+        "device_count": _core.device_count(),
+        "devices": [],
+    }
+    for index in range(report["device_count"]):
+        props = get_device_properties(index)
+        free, total = _core.mem_get_info(index)
+        report["devices"].append({
+            **dataclasses.asdict(props),
+            "free_memory": free,
+            "live": _nvml_sample(index, props.pci_bus_id),
+        })
+    return report
+
+
+def _version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}" if v else "none"
+
+
+def _print_check(report: dict[str, Any]) -> None:
+    from . import __version__
+
+    print(f"cudalab {__version__}: CUDA runtime {_version(report['cuda_runtime'])}, "
+          f"driver supports CUDA {_version(report['cuda_driver'])}, "
+          f"{report['device_count']} device(s)")
+    for index in range(report["device_count"]):
+        info = report["devices"][index]
+        print()
+        print(get_device_properties(index))
+        print(f"  Free memory now:                  {format_bytes(info['free_memory'])}")
+        live = info["live"]
+        if live is None:
+            print("  Live state:                       (install nvidia-ml-py for utilization, "
+                  "clocks, temperature and power)")
+        elif "error" in live:
+            print(f"  Live state:                       NVML error: {live['error']}")
+        else:
+            print(f"  Live state (NVML):                {live['gpu_utilization_pct']}% busy, "
+                  f"SM {live['sm_clock_mhz']} MHz, memory {live['memory_clock_mhz']} MHz, "
+                  f"{live['temperature_c']} C, {live['power_w']:.0f} / "
+                  f"{live['power_limit_w']:.0f} W, {format_bytes(live['memory_used_bytes'])} used")
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    if not _core.is_available():
+        reason = (_no_device_reason() if _core.driver_version()
+                  else "no CUDA device is available: no NVIDIA driver was found "
+                       "(libcuda.so.1 could not be loaded)")
+        print(f"cudalab check: {reason}.", file=sys.stderr)
+        print(f"CUDA runtime {_version(_core.runtime_version())} (built in); driver: "
+              f"{'none found' if not _core.driver_version() else _version(_core.driver_version())}.",
+              file=sys.stderr)
+        return 1
+    report = check_report()
+    _print_check(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cudalab", description="Hands-on, measured GPU performance from Python.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser(
+        "check", help="report every CUDA device (exit 1 when there is none)",
+        description="Report every CUDA device: properties, theoretical peaks and, with "
+                    "nvidia-ml-py installed, live utilization, clocks, temperature and power. "
+                    "Exits 1 with a clear message when no GPU or driver is present.")
+    check.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    check.set_defaults(func=_cmd_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args))
