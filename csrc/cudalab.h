@@ -258,6 +258,7 @@ extern PyMethodDef cl_transpose_methods[];   /* ops_transpose.c */
 extern PyMethodDef cl_random_methods[];      /* ops_random.c */
 extern PyMethodDef cl_blas_methods[];        /* blas.c */
 extern PyMethodDef cl_interop_methods[];     /* interop.c */
+extern PyMethodDef cl_timing_methods[];      /* ops_timing.c */
 
 /* ---- interop (interop.c): DLPack and the CUDA Array Interface -------------- */
 

@@ -63,7 +63,8 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_transpose_methods) < 0 ||
         PyModule_AddFunctions(module, cl_random_methods) < 0 ||
         PyModule_AddFunctions(module, cl_blas_methods) < 0 ||
-        PyModule_AddFunctions(module, cl_interop_methods) < 0) {
+        PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_timing_methods) < 0) {
         return -1;
     }
     if (PyModule_AddIntConstant(module, "MAX_NDIM", CL_MAX_NDIM) < 0) {

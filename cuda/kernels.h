@@ -193,6 +193,12 @@ cudaError_t cl_random_integers(void *out, cl_dtype dtype, int64_t n, int64_t low
 cudaError_t cl_philox4x32_10(uint32_t *out, const uint32_t counter[4], const uint32_t key[2],
                              cudaStream_t stream);
 
+/* ---- timing.cu ------------------------------------------------------------ */
+/* One thread spins `cycles` SM clock cycles (clock64); cycles >= 0. */
+cudaError_t cl_spin(long long cycles, cudaStream_t stream);
+/* A kernel that does nothing: for launch-latency measurements. */
+cudaError_t cl_empty_kernel(cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
