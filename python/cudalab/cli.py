@@ -7,8 +7,8 @@ Commands:
   nvidia-smi style when NVML is installed: ``pip install nvidia-ml-py``).
   Exits 1 with a clear message when no GPU or driver is present.
 
-The benchmark commands (``bench ...``, ``ceilings``) come with the
-measurement harness.
+* ``bench matmul|copy|transfer`` and ``ceilings``: measurements through
+  cudalab.bench (see cli_bench.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import sys
 from typing import Any, Sequence
 
 from . import _core
+from .cli_bench import add_parsers as add_bench_parsers
 from .devices import get_device_properties
 from .memory import format_bytes
 
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Exits 1 with a clear message when no GPU or driver is present.")
     check.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     check.set_defaults(func=_cmd_check)
+    add_bench_parsers(sub)
     return parser
 
 

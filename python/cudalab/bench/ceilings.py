@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 
 from .. import _core
 from .. import random as _random
+from .._table import format_table
 from ..devices import get_device_properties
 from .measurement import Measurement, format_time
 
@@ -124,7 +125,7 @@ class Ceilings(Mapping[str, Ceiling]):
 
     def table(self) -> str:
         """A text table: name, measured, theoretical, % of theoretical, IQR."""
-        rows = [("ceiling", "measured", "theoretical", "% of theor.", "IQR/median")]
+        rows = []
         for c in self.entries.values():
             pct = c.percent_of_theoretical
             rows.append((
@@ -134,15 +135,9 @@ class Ceilings(Mapping[str, Ceiling]):
                 f"{pct:.1f}" if pct is not None else "-",
                 f"{c.measurement.relative_iqr:.1%}",
             ))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [f"Measured ceilings of {self.device} (device {self.device_index})"]
-        for i, row in enumerate(rows):
-            lines.append("  ".join(
-                cell.ljust(w) if j == 0 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))
-            ))
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return format_table(
+            ("ceiling", "measured", "theoretical", "% of theor.", "IQR/median"), rows,
+            title=f"Measured ceilings of {self.device} (device {self.device_index})")
 
     def __str__(self) -> str:
         return self.table()

@@ -180,8 +180,13 @@ def _measure(
     sub_label: str | None,
     description: str | None,
     metadata: dict[str, Any] | None,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[Measurement, Any]:
-    """`measure()`, also returning the result of fn's first call."""
+    """`measure()`, also returning the result of fn's first call.
+
+    `progress`, when given, is called after every round of repeats with an
+    estimate of the fraction done (0..1), for progress bars.
+    """
     if not callable(fn):
         raise TypeError(f"measure() argument 'fn': expected a callable, got {type(fn).__name__}")
     warmup = _check_positive("warmup", warmup, allow_zero=True)
@@ -256,6 +261,9 @@ def _measure(
             host_times += new_host
             host_per_call = max(host_per_call, max(new_host))
             elapsed = time.perf_counter() - t_begin
+            if progress is not None:
+                progress(min(1.0, max(len(times) / max_repeats, elapsed / max_run_time,
+                                      0.9 * min(1.0, elapsed / min_run_time))))
             if len(times) >= max_repeats:
                 stop_reason = "max_repeats"
                 break

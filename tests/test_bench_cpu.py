@@ -1,0 +1,225 @@
+"""cudalab.bench without a GPU: statistics, JSON, merging, tables, argument checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import cudalab
+from cudalab.bench import CEILING_NAMES, Compare, Measurement, format_time
+from cudalab.bench.ceilings import Ceiling, Ceilings, resolve_ceiling
+from cudalab.bench.measurement import quartiles
+
+
+def _m(times, **kw) -> Measurement:
+    kw.setdefault("label", "op")
+    return Measurement(times=tuple(times), **kw)
+
+
+def test_statistics_match_numpy(rng):
+    times = rng.uniform(1e-4, 2e-4, size=37)
+    m = _m(times, flops=1e9, bytes=4e6)
+    q1, q2, q3 = np.percentile(times, [25, 50, 75])
+    assert m.median == pytest.approx(q2)
+    assert m.iqr == pytest.approx(q3 - q1)
+    assert m.mean == pytest.approx(times.mean())
+    assert m.min == times.min() and m.max == times.max()
+    assert m.repeats == 37
+    assert m.tflops == pytest.approx(1e9 / q2 / 1e12)
+    assert m.gbps == pytest.approx(4e6 / q2 / 1e9)
+    assert m.relative_iqr == pytest.approx((q3 - q1) / q2)
+
+
+def test_quartiles_of_one_value_and_empty():
+    assert quartiles([3.0]) == (3.0, 3.0, 3.0)
+    with pytest.raises(ValueError):
+        quartiles([])
+
+
+def test_noisy_flag_and_warning():
+    steady = _m([1.0, 1.0, 1.01, 0.99, 1.0])
+    assert not steady.noisy and steady.warning is None
+    noisy = _m([1.0, 2.0, 1.0, 2.0, 1.5, 3.0])
+    assert noisy.noisy and "noisy" in noisy.warning
+    assert "only 1 repeat" in _m([1.0]).warning
+
+
+def test_percent_of_ceiling_uses_the_ceiling_unit():
+    m = _m([0.5] * 4, flops=100.0, bytes=10.0, ceiling_name="matmul_float16",
+           ceiling_value=400.0, ceiling_unit="FLOP/s")
+    assert m.percent_of_ceiling == pytest.approx(50.0)
+    m = _m([0.5] * 4, bytes=10.0, ceiling_name="copy", ceiling_value=40.0, ceiling_unit="B/s")
+    assert m.percent_of_ceiling == pytest.approx(50.0)
+    assert _m([0.5] * 4, bytes=10.0).percent_of_ceiling is None
+
+
+@pytest.mark.parametrize("times, message", [
+    ((), "at least one time"),
+    ((1.0, -1.0), "finite times >= 0"),
+    ((1.0, math.nan), "finite times >= 0"),
+])
+def test_bad_times_are_rejected(times, message):
+    with pytest.raises(ValueError, match=message):
+        Measurement(label="x", times=times)
+
+
+def test_json_round_trip_keeps_everything(rng):
+    m = _m(rng.uniform(1, 2, 11), sub_label="4096", description="cudalab", number_per_run=7,
+           host_time=3e-6, launch_gap=1e-6, flops=5.0, bytes=6.0, ceiling_name="copy",
+           ceiling_value=1e12, ceiling_unit="B/s", device="GPU", device_index=0,
+           clocks={"sm_mhz": 1980, "memory_mhz": 2619}, flush_l2=True, held=True,
+           stop_reason="max_repeats", metadata={"shape": [3, 5]})
+    text = m.to_json()
+    data = json.loads(text)
+    assert data["derived"]["median"] == pytest.approx(m.median)
+    back = Measurement.from_json(text)
+    assert back == m
+    assert back.metadata == {"shape": [3, 5]}
+
+
+def test_from_dict_rejects_unknown_schema():
+    data = _m([1.0]).to_dict()
+    data["schema"] = "something/9"
+    with pytest.raises(ValueError, match="unknown schema"):
+        Measurement.from_dict(data)
+
+
+def test_merge_pools_times_per_key():
+    a1 = _m([1.0, 2.0], sub_label="a", host_time=1.0)
+    a2 = _m([3.0], sub_label="a", host_time=3.0)
+    b = _m([5.0], sub_label="b")
+    merged = Measurement.merge([a1, b, a2])
+    assert [m.sub_label for m in merged] == ["a", "b"]
+    assert merged[0].times == (1.0, 2.0, 3.0)
+    assert merged[0].stop_reason == "merged"
+    assert merged[0].host_time == 2.0
+    assert merged[1] is b
+
+
+def test_merge_refuses_different_work():
+    with pytest.raises(ValueError, match="disagree on flops"):
+        Measurement.merge([_m([1.0], flops=1.0), _m([1.0], flops=2.0)])
+
+
+def test_format_time_units():
+    assert format_time(1.5) == "1.5 s"
+    assert format_time(0.0123) == "12.3 ms"
+    assert format_time(4.5e-6) == "4.5 us"
+    assert format_time(3e-9) == "3 ns"
+
+
+def test_compare_layout_rows_columns_and_unit():
+    ms = [
+        _m([1e-3] * 4, label="matmul", sub_label="1024", description="cudalab", device="GPU"),
+        _m([2e-3] * 4, label="matmul", sub_label="1024", description="torch", device="GPU"),
+        _m([8e-3] * 4, label="matmul", sub_label="2048", description="cudalab", device="GPU"),
+        _m([5e-6] * 4, label="add", sub_label="1M", description="cudalab"),
+    ]
+    text = str(Compare(ms))
+    tables = text.split("\n\n")
+    assert len(tables) == 2
+    matmul = tables[0].splitlines()
+    assert matmul[0] == "[-- matmul --]"
+    assert matmul[1].split() == ["cudalab", "torch"]
+    assert matmul[2].split() == ["1024", "1.00", "2.00"]
+    assert matmul[3].split() == ["2048", "8.00"]
+    assert "in ms" in matmul[-1] and "GPU" in matmul[-1]
+    assert "in us" in tables[1]
+
+
+def test_compare_merges_repeated_runs_and_marks_noise():
+    ms = [_m([1.0, 1.0], sub_label="x"), _m([3.0, 3.0], sub_label="x")]
+    text = str(Compare(ms).highlight_warnings())
+    assert "(!)" in text and "noisy" in text
+    assert "2.00" in text  # the median of the pooled times
+
+
+def test_compare_rates_and_colour():
+    fast = _m([1e-3] * 4, sub_label="n", description="a", flops=2e9)
+    slow = _m([4e-3] * 4, sub_label="n", description="b", flops=2e9)
+    text = str(Compare([fast, slow], value="tflops").colorize(rowwise=True))
+    assert "\033[92m" in text and "\033[91m" in text
+    assert "TFLOP/s" in text
+
+
+def test_compare_argument_errors():
+    with pytest.raises(ValueError, match="'value'"):
+        Compare([], value="speed")
+    with pytest.raises(TypeError, match="Measurement objects"):
+        Compare([1.0])
+    with pytest.raises(ValueError, match="'digits'"):
+        Compare([]).trim_significant_figures(0)
+
+
+def test_resolve_ceiling_validation_without_gpu():
+    assert resolve_ceiling(None, 1.0, 1.0) == (None, None, None)
+    assert resolve_ceiling("auto", 1.0, None, check_only=True) == (None, None, None)
+    with pytest.raises(ValueError, match="unknown ceiling 'fast'"):
+        resolve_ceiling("fast", None, 1.0, check_only=True)
+    with pytest.raises(ValueError, match="flops must be given"):
+        resolve_ceiling("matmul_float16", None, 1.0, check_only=True)
+    with pytest.raises(ValueError, match="bytes must be given"):
+        resolve_ceiling("copy", 1.0, None, check_only=True)
+    with pytest.raises(ValueError, match="'launch' is a time"):
+        resolve_ceiling("launch", None, 1.0, check_only=True)
+    with pytest.raises(TypeError, match="'ceiling'"):
+        resolve_ceiling(3.0, None, 1.0, check_only=True)
+    c = Ceiling(name="copy", value=2e12, unit="B/s", theoretical=4e12, measurement=_m([1.0]))
+    assert resolve_ceiling(c, None, 1.0) == ("copy", 2e12, "B/s")
+
+
+def test_ceilings_table_and_dict():
+    entries = {
+        "copy": Ceiling("copy", 4.0e12, "B/s", 4.8e12, _m([1e-3] * 4)),
+        "launch": Ceiling("launch", 2.5e-6, "s", None, _m([2.5e-6] * 4)),
+        "matmul_float16": Ceiling("matmul_float16", 7.0e14, "FLOP/s", 1.0e15, _m([1e-3] * 4)),
+    }
+    c = Ceilings(device="GPU", device_index=0, entries=entries)
+    assert list(c) == ["copy", "launch", "matmul_float16"] and len(c) == 3
+    text = c.table()
+    assert "4000 GB/s" in text and "700 TFLOP/s" in text and "2.5 us" in text
+    assert "83.3" in text and "70.0" in text
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["ceilings"]["copy"]["percent_of_theoretical"] == pytest.approx(4 / 4.8 * 100)
+
+
+def test_ceiling_names():
+    assert CEILING_NAMES[:4] == ("copy", "h2d", "d2h", "launch")
+    assert "matmul_tf32" in CEILING_NAMES
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    ({"warmup": -1}, ValueError, "'warmup'"),
+    ({"min_run_time": 0}, ValueError, "'min_run_time'"),
+    ({"min_run_time": "1"}, TypeError, "'min_run_time'"),
+    ({"min_run_time": 2.0, "max_run_time": 1.0}, ValueError, "'max_run_time'"),
+    ({"min_repeats": 0}, ValueError, "'min_repeats'"),
+    ({"min_repeats": 20, "max_repeats": 10}, ValueError, "'max_repeats'"),
+    ({"max_repeats": 1.5}, TypeError, "'max_repeats'"),
+    ({"noise_threshold": -0.1}, ValueError, "'noise_threshold'"),
+    ({"flops": -1}, ValueError, "'flops'"),
+    ({"stream": 0}, TypeError, "'stream'"),
+    ({"ceiling": "warp"}, ValueError, "unknown ceiling"),
+])
+def test_measure_checks_arguments_before_the_gpu(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        cudalab.bench.measure(lambda: None, **kwargs)
+
+
+def test_measure_rejects_a_non_callable():
+    with pytest.raises(TypeError, match="'fn': expected a callable"):
+        cudalab.bench.measure(3)
+
+
+def test_measure_and_ceilings_without_gpu_raise_no_device():
+    if cudalab.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(cudalab.NoDeviceError, match="measure()"):
+        cudalab.bench.measure(lambda: None)
+    with pytest.raises(cudalab.NoDeviceError, match="ceilings()"):
+        cudalab.bench.ceilings()
+    with pytest.raises(ValueError, match="unknown ceiling"):
+        cudalab.bench.ceiling("nope")

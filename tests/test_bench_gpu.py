@@ -1,0 +1,109 @@
+"""cudalab.bench on a GPU: the timer against a known-length kernel, and the harness's modes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import cudalab
+from cudalab import _core
+from cudalab.bench import Measurement, ceiling, measure
+
+pytestmark = pytest.mark.gpu
+
+
+def _sm_clock_hz() -> float:
+    """The SM clock now: NVML's reading when available, else the max boost clock."""
+    try:
+        from cudalab import _nvml
+
+        live = _nvml.sample(cudalab.current_device())
+    except ImportError:
+        live = None
+    if live and live.get("sm_clock_mhz"):
+        return live["sm_clock_mhz"] * 1e6
+    return cudalab.get_device_properties().clock_rate_khz * 1e3
+
+
+@pytest.mark.parametrize("expected_s", [2e-3, 2e-4])
+def test_timer_measures_a_spin_kernel_within_5_percent(expected_s):
+    """A kernel spinning a known number of cycles takes cycles / clock seconds."""
+    clock = _sm_clock_hz()
+    cycles = int(expected_s * clock)
+    m = measure(_core._spin, cycles, label="spin")
+    clock = _sm_clock_hz()  # read again: the clock at the end of the run
+    expected = cycles / clock
+    assert m.median == pytest.approx(expected, rel=0.05), (m.summary(), clock)
+    assert m.held and m.repeats >= 10
+
+
+def test_short_ops_are_batched_and_report_host_time_and_launch_gap():
+    a = cudalab.asarray(np.arange(1, 1025, dtype=np.float32))
+    m = measure(lambda: a.__iadd__(1.0), label="add_", min_run_time=0.05)
+    assert m.number_per_run > 1  # a few-us kernel: many calls per timed repeat
+    assert m.host_time is not None and m.host_time > 0
+    assert m.launch_gap is not None and m.launch_gap >= 0
+    # The GPU time per call of a 4 KiB add is far below the host's per-call cost.
+    assert m.median < 1e-4
+
+
+def test_measure_returns_rates_and_ceiling_percent(rng):
+    n = 1537  # odd size
+    a = cudalab.asarray(rng.standard_normal((n, n)).astype(np.float32))
+    m = measure(cudalab.add, a, a, bytes=3 * a.nbytes, label="add")
+    assert m.ceiling_name == "copy" and m.ceiling_unit == "B/s"
+    assert 1 < m.percent_of_ceiling < 150
+    assert m.gbps == pytest.approx(3 * a.nbytes / m.median / 1e9)
+    assert m.device == cudalab.get_device_properties().name
+    data = json.loads(m.to_json())
+    assert Measurement.from_dict(data) == m
+
+
+def test_flush_l2_times_cold_single_calls(rng):
+    x = cudalab.asarray(rng.standard_normal(1 << 20).astype(np.float32))  # 4 MiB: fits L2
+    warm = measure(cudalab.sum, x, min_run_time=0.05)
+    cold = measure(cudalab.sum, x, flush_l2=True, min_run_time=0.05)
+    assert cold.flush_l2 and cold.number_per_run == 1 and cold.launch_gap is None
+    assert cold.median > warm.median  # reading from DRAM, not L2
+
+
+def test_measure_on_a_stream_and_result_is_unchanged(rng):
+    s = cudalab.Stream()
+    host = rng.standard_normal((301, 77)).astype(np.float32)
+    a = cudalab.asarray(host)
+    m = measure(lambda: cudalab.mul(a, 2.0), stream=s, min_run_time=0.02)
+    assert m.repeats >= 10
+    np.testing.assert_allclose(cudalab.mul(a, 2.0).get(), host * 2)
+
+
+def test_fp16_matmul_is_faster_than_fp64():
+    n = 2048
+    results = {}
+    for dtype in ("float16", "float64"):
+        a = cudalab.random.normal((n, n), dtype=dtype, seed=3)
+        results[dtype] = measure(cudalab.matmul, a, a, flops=2 * n**3, min_run_time=0.05)
+    assert results["float16"].tflops > 3 * results["float64"].tflops
+
+
+def test_ceilings_are_measured_once_and_plausible():
+    props = cudalab.get_device_properties()
+    copy = ceiling("copy")
+    assert ceiling("copy") is copy  # cached per process
+    assert 0.3 * props.peak_memory_bandwidth < copy.value < 1.05 * props.peak_memory_bandwidth
+    launch = ceiling("launch")
+    assert 1e-7 < launch.value < 1e-4
+    h2d = ceiling("h2d")
+    assert 1e9 < h2d.value < 200e9
+
+
+def test_measure_times_torch_work_on_the_shared_default_stream():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    x = torch.randn(4096, 4096, device="cuda")
+    m = measure(lambda: torch.mm(x, x), flops=2 * 4096**3, min_run_time=0.05)
+    # A 4096^3 fp32 GEMM takes well over a millisecond on any current GPU at
+    # fp32 rates; an untimed (empty) measurement would be microseconds.
+    assert m.median > 1e-4 and m.tflops < 200
