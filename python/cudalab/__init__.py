@@ -95,6 +95,8 @@ from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
 from .streams import graph, stream
 # Measurement (issue 5): the timing harness and measured ceilings.
 from . import bench
+# GPU monitoring through NVML (optional nvidia-ml-py): cudalab.monitor.GpuMonitor.
+from . import monitor
 
 __version__ = "0.1.0"
 
@@ -182,3 +184,4 @@ __all__ += [  # streams, events, CUDA graphs
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
 __all__ += ["bench"]  # measurement
+__all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)

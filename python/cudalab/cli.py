@@ -19,38 +19,20 @@ import json
 import sys
 from typing import Any, Sequence
 
-from . import _core
+from . import _core, _nvml
 from .cli_bench import add_parsers as add_bench_parsers
 from .devices import get_device_properties
 from .memory import format_bytes
 
 
-def _nvml_sample(index: int, pci_bus_id: str) -> dict[str, Any] | None:
-    """Live state from NVML, matched by PCI bus id; None without NVML."""
+def _nvml_sample(index: int) -> dict[str, Any] | None:
+    """Live state from NVML; None without nvidia-ml-py, {"error": ...} when NVML fails."""
     try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
-            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            return {
-                "gpu_utilization_pct": util.gpu,
-                "memory_utilization_pct": util.memory,
-                "memory_used_bytes": memory.used,
-                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
-                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                "memory_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            }
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError as exc:
-        return {"error": str(exc)}
+        return _nvml.query(index)
+    except _nvml.NvmlError as exc:
+        if exc.nvml_message is None:  # no NVML call was made: nvidia-ml-py is missing
+            return None
+        return {"error": exc.nvml_message}
 
 
 def _no_device_reason() -> str:
@@ -75,13 +57,24 @@ def check_report() -> dict[str, Any]:
         report["devices"].append({
             **dataclasses.asdict(props),
             "free_memory": free,
-            "live": _nvml_sample(index, props.pci_bus_id),
+            "live": _nvml_sample(index),
         })
     return report
 
 
 def _version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}" if v else "none"
+
+
+def _live_line(live: dict[str, Any]) -> str:
+    """One line of live state; a field the device does not support reads "n/a"."""
+    def show(key: str, fmt: str = "") -> str:
+        return "n/a" if live[key] is None else format(live[key], fmt)
+
+    used = "n/a" if live["memory_used_bytes"] is None else format_bytes(live["memory_used_bytes"])
+    return (f"{show('gpu_utilization_pct')}% busy, SM {show('sm_clock_mhz')} MHz, "
+            f"memory {show('memory_clock_mhz')} MHz, {show('temperature_c')} C, "
+            f"{show('power_w', '.0f')} / {show('power_limit_w', '.0f')} W, {used} used")
 
 
 def _print_check(report: dict[str, Any]) -> None:
@@ -102,10 +95,7 @@ def _print_check(report: dict[str, Any]) -> None:
         elif "error" in live:
             print(f"  Live state:                       NVML error: {live['error']}")
         else:
-            print(f"  Live state (NVML):                {live['gpu_utilization_pct']}% busy, "
-                  f"SM {live['sm_clock_mhz']} MHz, memory {live['memory_clock_mhz']} MHz, "
-                  f"{live['temperature_c']} C, {live['power_w']:.0f} / "
-                  f"{live['power_limit_w']:.0f} W, {format_bytes(live['memory_used_bytes'])} used")
+            print(f"  Live state (NVML):                {_live_line(live)}")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
