@@ -47,9 +47,9 @@ def _torch(use: bool):
 def _measure_options(args: argparse.Namespace) -> dict[str, Any]:
     """--iterations N: exactly N timed repeats; otherwise the noise-based stop."""
     if args.iterations is None:
-        return {"min_run_time": args.min_run_time}
+        return {"min_run_time": args.min_run_time, "warmup": args.warmup}
     return {"min_repeats": args.iterations, "max_repeats": args.iterations,
-            "min_run_time": 1e-6, "max_run_time": 1e9}
+            "min_run_time": 1e-6, "max_run_time": 1e9, "warmup": args.warmup}
 
 
 def _run_cases(cases: list[tuple[str, Callable[[], Any], dict[str, Any]]],
@@ -67,7 +67,7 @@ def _run_cases(cases: list[tuple[str, Callable[[], Any], dict[str, Any]]],
 
 def _defaults() -> dict[str, Any]:
     """measure()'s keyword defaults, for the private _measure (which has none)."""
-    return {"warmup": 0.05, "max_run_time": None, "min_repeats": 10, "max_repeats": 10_000,
+    return {"warmup": 0.25, "max_run_time": None, "min_repeats": 10, "max_repeats": 10_000,
             "noise_threshold": 0.02, "flush_l2": False, "hold": True, "stream": None,
             "flops": None, "bytes": None, "ceiling": None, "label": None,
             "sub_label": None, "description": None, "metadata": None}
@@ -342,6 +342,9 @@ def _timing(torch_too: bool = True) -> argparse.ArgumentParser:
     timing.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
                         help="exactly N timed repeats (default: repeat until IQR/median <= 2%% "
                              "after --min-run-time, within a time budget)")
+    timing.add_argument("--warmup", type=_positive_float, default=0.25, metavar="SECONDS",
+                        help="seconds of warm-up calls before timing (default 0.25: long enough "
+                             "for a power-capped GPU's clock to settle under load)")
     timing.add_argument("--min-run-time", type=_positive_float, default=0.2, metavar="SECONDS",
                         help="seconds of timed repeats before stopping (default 0.2)")
     if torch_too:

@@ -154,7 +154,8 @@ class Ceilings(Mapping[str, Ceiling]):
 
 
 def _measure_kw() -> dict[str, Any]:
-    return {"ceiling": None, "min_run_time": 0.2, "max_run_time": 1.0}
+    # Warm-up long enough for the clock to settle under sustained load.
+    return {"ceiling": None, "warmup": 0.25, "min_run_time": 0.2, "max_run_time": 1.0}
 
 
 def _copy(props) -> tuple[float, float | None, Measurement]:

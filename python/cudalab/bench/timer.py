@@ -3,17 +3,22 @@
 How a measurement runs (all on the current stream, or `stream`):
 
 1. One call, then warm-up calls for `warmup` seconds (lazy initialisation,
-   cuBLAS heuristics, pool growth and clock ramp-up happen here).
+   cuBLAS heuristics, pool growth, and the clock settling under load).
 2. A probe: one call between two events gives a GPU-time estimate, and the
    host clock around the call gives the host (enqueue) time per call.
 3. Calls per repeat (`number_per_run`): 1 for calls of 200 us or more, else
    enough back-to-back calls for a ~200 us repeat, so event resolution
    (~0.5 us) stays under 1%. With `flush_l2` every repeat is one cold call.
-4. Repeats: [spin] [L2 flush] event, calls, event. The spin is a one-thread
-   kernel (cuda/timing.cu) that holds the stream while the host enqueues the
-   repeat, so the calls run back to back on the GPU: the time is the GPU's,
-   free of launch gaps (nvbench's "blocking kernel"). Events are read in
-   rounds of ~20 ms so the GPU never drains between repeats.
+4. Repeats: [spin] [L2 flush] event, calls, event, enqueued in rounds of
+   ~20 ms, each round enqueued before the previous one is read, so the GPU
+   never drains (an idle GPU cools down and clocks up: a power-capped GEMM
+   looks faster with gaps than it runs back to back; on an H200 the fp16
+   GEMM clock settles from 1980 MHz to ~1400 MHz within ~0.2 s of load).
+   The spin is a one-thread kernel (cuda/timing.cu) put before each repeat
+   of launch-bound calls only (GPU time under 4x the host time per call): it
+   holds the stream while the host enqueues the repeat, so the calls run
+   back to back on the GPU and the time is the GPU's, free of launch gaps
+   (nvbench's "blocking kernel"). Longer calls keep the queue full alone.
 5. Stop when at least `min_run_time` seconds and `min_repeats` repeats are
    done and IQR / median <= `noise_threshold` ("converged"), or after
    `max_repeats` repeats, or when `max_run_time` is spent ("time_budget";
@@ -44,9 +49,10 @@ TARGET_REPEAT_S = 200e-6
 MAX_CALLS_PER_REPEAT = 1000
 # Rounds of repeats between reads of the events (keeps the GPU fed).
 ROUND_S = 0.02
-# Repeats longer than this are not held by a spin kernel: launch gaps are
-# negligible against them.
-HOLD_LIMIT_S = 0.02
+# Calls are held behind a spin kernel when their GPU time is under this many
+# times their host (enqueue) time; longer calls keep the queue full by
+# themselves, and holding them would add idle gaps.
+HOLD_RATIO = 4.0
 # Unheld repeats used to estimate the launch gap.
 UNHELD_REPEATS = 5
 
@@ -103,6 +109,17 @@ def _relative_iqr(values: list[float]) -> float:
     return m.relative_iqr
 
 
+class _Round:
+    """Events and host times of one enqueued round of repeats."""
+
+    def __init__(self, starts: list, ends: list, host: list[float], calls: int) -> None:
+        self.starts, self.ends, self.host, self.calls = starts, ends, host, calls
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+
 class _Runner:
     """The timing loop of one measurement (state shared by its phases)."""
 
@@ -132,8 +149,8 @@ class _Runner:
         end.synchronize()
         return start.elapsed_time(end) * 1e-3, host
 
-    def repeats(self, count: int, calls: int, spin_cycles: int) -> tuple[list[float], list[float]]:
-        """Times and host times per call of `count` repeats of `calls` calls."""
+    def enqueue(self, count: int, calls: int, spin_cycles: int) -> _Round:
+        """Enqueue `count` repeats of `calls` calls; the GPU may still be busy."""
         starts = [_core.Event() for _ in range(count)]
         ends = [_core.Event() for _ in range(count)]
         host = []
@@ -149,9 +166,14 @@ class _Runner:
                 fn(*args)
             host.append((time.perf_counter() - t0) / calls)
             end.record()
-        ends[-1].synchronize()
-        times = [s.elapsed_time(e) * 1e-3 / calls for s, e in zip(starts, ends)]
-        return times, host
+        return _Round(starts, ends, host, calls)
+
+    @staticmethod
+    def collect(round_: _Round) -> tuple[list[float], list[float]]:
+        """Wait for a round; its times and host times, per call."""
+        round_.ends[-1].synchronize()
+        times = [s.elapsed_time(e) * 1e-3 / round_.calls for s, e in zip(round_.starts, round_.ends)]
+        return times, round_.host
 
     def spin_cycles_for(self, host_per_call: float, calls: int) -> int:
         """Cycles that outlast enqueueing one repeat (1.5x margin + 30 us)."""
@@ -243,41 +265,57 @@ def _measure(
             calls = 1
         else:
             calls = min(MAX_CALLS_PER_REPEAT, max(1, math.ceil(TARGET_REPEAT_S / max(gpu_probe, 1e-7))))
-        held = hold and gpu_probe * calls < HOLD_LIMIT_S
+        # Hold only launch-bound calls: when the GPU time per call is not well
+        # above the host's, the host cannot keep the queue ahead on its own.
+        held = hold and gpu_probe < HOLD_RATIO * host_probe
         host_per_call = host_probe
 
-        # 4-5. timed rounds
+        # 4-5. timed rounds, double-buffered: round i+1 is enqueued before
+        # round i is read, so the GPU never drains between rounds (an idle GPU
+        # cools down and clocks up: a power-capped kernel would look faster
+        # than it runs back to back).
         times: list[float] = []
         host_times: list[float] = []
         repeat_s = max(gpu_probe * calls, host_probe * calls, 1e-6)
         round_size = max(1, min(100, int(ROUND_S / repeat_s)))
         t_begin = time.perf_counter()
         stop_reason = "time_budget"
-        while True:
-            count = min(round_size, max_repeats - len(times))
+
+        def enqueue(queued: int) -> _Round | None:
+            if queued >= max_repeats:
+                return None
             spin = runner.spin_cycles_for(host_per_call, calls) if held else 0
-            new_times, new_host = runner.repeats(count, calls, spin)
+            return runner.enqueue(min(round_size, max_repeats - queued), calls, spin)
+
+        pending = enqueue(0)
+        while pending is not None:
+            following = enqueue(len(times) + pending.count)
+            new_times, new_host = runner.collect(pending)
             times += new_times
             host_times += new_host
             host_per_call = max(host_per_call, max(new_host))
+            pending = following
             elapsed = time.perf_counter() - t_begin
             if progress is not None:
                 progress(min(1.0, max(len(times) / max_repeats, elapsed / max_run_time,
                                       0.9 * min(1.0, elapsed / min_run_time))))
-            if len(times) >= max_repeats:
+            if pending is None:
                 stop_reason = "max_repeats"
-                break
-            if (elapsed >= min_run_time and len(times) >= min_repeats
+            elif (elapsed >= min_run_time and len(times) >= min_repeats
                     and _relative_iqr(times) <= noise_threshold):
                 stop_reason = "converged"
-                break
-            if elapsed >= max_run_time and len(times) >= min(min_repeats, 4):
-                break
+            elif not (elapsed >= max_run_time and len(times) >= min(min_repeats, 4)):
+                continue
+            if pending is not None:  # already enqueued: valid repeats, keep them
+                new_times, new_host = runner.collect(pending)
+                times += new_times
+                host_times += new_host
+            break
 
         # 6. launch gap: the same repeats without the hold
         launch_gap = None
         if held and not flush_l2:
-            unheld, _ = runner.repeats(UNHELD_REPEATS, calls, 0)
+            unheld, _ = runner.collect(runner.enqueue(UNHELD_REPEATS, calls, 0))
             launch_gap = max(0.0, _median(unheld) - _median(times))
         clocks = _nvml_clocks(device)
 
@@ -316,7 +354,7 @@ class _NullContext:
 def measure(
     fn: Callable[..., Any],
     *args: Any,
-    warmup: float = 0.025,
+    warmup: float = 0.1,
     min_run_time: float = 0.2,
     max_run_time: float | None = None,
     min_repeats: int = 10,
@@ -346,7 +384,7 @@ def measure(
     *args
         Positional arguments for `fn`.
     warmup : float, optional
-        Seconds of warm-up calls after the first call (default 0.025).
+        Seconds of warm-up calls after the first call (default 0.1).
     min_run_time : float, optional
         Seconds of timed repeats before the noise criterion may stop timing
         (default 0.2).
