@@ -38,8 +38,8 @@
  * for other devices at their first op) on a private, idle non-blocking stream
  * and synchronized at once; its GPU time is taken to be the midpoint of the
  * host times just before the record and just after the synchronize, so GPU
- * timestamps carry an offset error of at most half that interval (a few us;
- * reported per device as the uncertainty). cudaEventElapsedTime returns float
+ * timestamps carry an offset error of at most half that interval (reported
+ * per device as the uncertainty). cudaEventElapsedTime returns float
  * milliseconds with about 0.5 us resolution, so durations are good to about
  * 0.5 us and placement loses about 1 us more per 16 s of profile. */
 #include "cudalab.h"

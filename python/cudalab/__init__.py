@@ -93,6 +93,8 @@ from . import random
 # Streams, events, CUDA graphs (issue 4).
 from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
 from .streams import graph, stream
+# Op profiler (Measurement): cudalab.profiler.profile(), record_function.
+from . import profiler
 
 __version__ = "0.1.0"
 
@@ -179,3 +181,4 @@ __all__ += [  # streams, events, CUDA graphs
     "stream",
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
+__all__ += ["profiler"]  # op profiler
