@@ -152,7 +152,8 @@ fail:
     Py_CLEAR(a);
 done:
     if (CL_PROF_ACTIVE(&ps)) {
-        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim, .out_shape = shape};
+        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim,
+                             .out_shape = shape};
         info.bytes = a != NULL ? cl_prof_nbytes(a) : 0; /* written once */
         cl_prof_end(st, &ps, a != NULL ? &info : NULL);
     }

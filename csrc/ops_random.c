@@ -192,13 +192,13 @@ parse_common(cl_state *st, const char *func, PyObject *shape_obj, PyObject *seed
     return 0;
 }
 
-/* Allocate the output and run `launch` on it. */
+/* Allocate the output and run `fill` on it (profiled as `prof_name`). */
 typedef cudaError_t (*fill_fn)(void *out, cl_dtype dtype, int64_t n, const void *params,
                                uint64_t key, uint64_t offset, cudaStream_t stream);
 
 static PyObject *
-generate(cl_state *st, const char *func, const char *prof_name, int ndim, const Py_ssize_t *shape, cl_dtype dtype,
-         fill_fn fill, const void *params, uint64_t seed, uint64_t offset)
+generate(cl_state *st, const char *func, const char *prof_name, int ndim, const Py_ssize_t *shape,
+         cl_dtype dtype, fill_fn fill, const void *params, uint64_t seed, uint64_t offset)
 {
     if (cl_require_device(st, func) < 0) {
         return NULL;
@@ -218,7 +218,8 @@ fail:
     Py_CLEAR(out);
 done:
     if (CL_PROF_ACTIVE(&ps)) {
-        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim, .out_shape = shape};
+        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim,
+                             .out_shape = shape};
         info.bytes = out != NULL ? cl_prof_nbytes(out) : 0; /* written once */
         cl_prof_end(st, &ps, out != NULL ? &info : NULL);
     }

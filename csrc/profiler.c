@@ -94,7 +94,8 @@ typedef struct cl_prof_state {
     int64_t start_ns;
     prof_record *records;
     Py_ssize_t num_records, cap_records;
-    nvtxDomainHandle_t domain;
+    nvtxDomainHandle_t domain; /* NULL without a tool: then pushes are no-ops too */
+    bool domain_created;
     prof_device devices[CL_MAX_DEVICES];
 } cl_prof_state;
 
@@ -128,8 +129,12 @@ nvtx_push(cl_state *st, const char *name)
         PyErr_Clear(); /* never fail an op for its NVTX range */
         return;
     }
+    if (!P->domain_created) {
+        P->domain = nvtxDomainCreateA("cudalab"); /* loads the tool's handler, if any */
+        P->domain_created = true;
+    }
     if (P->domain == NULL) {
-        P->domain = nvtxDomainCreateA("cudalab");
+        return;
     }
     nvtxEventAttributes_t attr;
     memset(&attr, 0, sizeof attr);
@@ -187,7 +192,8 @@ ensure_origin(cl_prof_state *P, int device)
     if (cl_graph_thread_capturing()) {
         return -1;
     }
-    if (pd->origin == NULL && cudaEventCreateWithFlags(&pd->origin, cudaEventDefault) != cudaSuccess) {
+    if (pd->origin == NULL &&
+        cudaEventCreateWithFlags(&pd->origin, cudaEventDefault) != cudaSuccess) {
         pd->origin = NULL;
         goto fail;
     }
@@ -829,7 +835,8 @@ _nvtx_is_enabled(PyObject *module, PyObject *unused)
 static PyMethodDef cl_profiler_methods[] = {
     {"_profiler_enable", (PyCFunction)_profiler_enable, METH_NOARGS, _profiler_enable_doc},
     {"_profiler_disable", (PyCFunction)_profiler_disable, METH_NOARGS, _profiler_disable_doc},
-    {"_profiler_is_enabled", (PyCFunction)_profiler_is_enabled, METH_NOARGS, _profiler_is_enabled_doc},
+    {"_profiler_is_enabled", (PyCFunction)_profiler_is_enabled, METH_NOARGS,
+     _profiler_is_enabled_doc},
     CL_FASTCALL(_profiler_range_begin),
     CL_FASTCALL(_profiler_range_end),
     CL_FASTCALL(_nvtx_set_enabled),

@@ -7,7 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -261,6 +265,94 @@ def test_nvtx_switch_round_trips():
         assert _core._profiler_range_begin("nothing") is None
     finally:
         _core._nvtx_set_enabled(before)
+
+
+# A stand-in NVTX tool: logs the cudalab domain's pushes and pops to stderr.
+NVTX_TOOL_C = r'''
+#include <nvtx3/nvToolsExt.h>
+#include <stdio.h>
+static int depth;
+static nvtxDomainHandle_t create(const char *name)
+{
+    fprintf(stderr, "domain %s\n", name);
+    return (nvtxDomainHandle_t)0x1;
+}
+static int push(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a)
+{
+    fprintf(stderr, "push %s\n", a->message.ascii);
+    return ++depth;
+}
+static int pop(nvtxDomainHandle_t d)
+{
+    fprintf(stderr, "pop\n");
+    return depth--;
+}
+int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get)
+{
+    const NvtxExportTableCallbacks *cb = (const NvtxExportTableCallbacks *)get(NVTX_ETID_CALLBACKS);
+    NvtxFunctionTable table;
+    unsigned size;
+    if (cb == 0 || !cb->GetModuleFunctionTable(NVTX_CB_MODULE_CORE2, &table, &size)) {
+        return 0;
+    }
+    *table[NVTX_CBID_CORE2_DomainCreateA] = (NvtxFunctionPointer)create;
+    *table[NVTX_CBID_CORE2_DomainRangePushEx] = (NvtxFunctionPointer)push;
+    *table[NVTX_CBID_CORE2_DomainRangePop] = (NvtxFunctionPointer)pop;
+    return 1;
+}
+'''
+
+
+def _cuda_include() -> Path | None:
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.insert(0, str(Path(nvcc).resolve().parent.parent))
+    for root in filter(None, roots):
+        if (Path(root) / "include" / "nvtx3" / "nvToolsExt.h").exists():
+            return Path(root) / "include"
+    return None
+
+
+def test_nvtx_ranges_reach_an_attached_tool(tmp_path):
+    """With NVTX_INJECTION64_PATH set (as Nsight Systems sets it), ranges are
+    pushed and popped, balanced, in the cudalab domain."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    include = _cuda_include()
+    if cc is None or include is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs a C compiler and the CUDA toolkit's NVTX headers")
+    (tmp_path / "tool.c").write_text(NVTX_TOOL_C)
+    lib = tmp_path / "libtool.so"
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{include}", str(tmp_path / "tool.c"), "-o",
+                    str(lib)], check=True, capture_output=True)
+    script = (
+        "from cudalab import _core, profiler\n"
+        "assert _core._nvtx_is_enabled()\n"
+        "with profiler.record_function('outer'):\n"
+        "    with profiler.record_function('inner'):\n"
+        "        pass\n"
+        "with profiler.profile() as p:\n"
+        "    with profiler.record_function('recorded'):\n"
+        "        pass\n"
+        "assert [e.name for e in p.events()] == ['recorded']\n"
+    )
+    env = dict(os.environ, NVTX_INJECTION64_PATH=str(lib))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = [line for line in done.stderr.splitlines()
+           if line.split(" ")[0] in ("domain", "push", "pop")]
+    assert log == ["domain cudalab", "push outer", "push inner", "pop", "pop", "push recorded",
+                   "pop"]
+
+
+def test_nvtx_off_without_a_tool():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVTX_INJECTION")}
+    done = subprocess.run(
+        [sys.executable, "-c", "from cudalab import _core; print(_core._nvtx_is_enabled())"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 # ---- key averages and the table ---------------------------------------------------------
