@@ -24,7 +24,8 @@ sys.path.insert(0, str(HERE))
 
 from timing import row, time_cuda  # noqa: E402
 
-MODULES = ["elementwise", "reduce", "transpose", "matmul", "streams", "transfer", "pipeline"]
+MODULES = ["elementwise", "reduce", "transpose", "matmul", "streams", "transfer", "pipeline",
+           "profiler"]
 
 
 def copy_ceiling(quick: bool) -> list[dict]:

@@ -267,6 +267,29 @@ cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a, cl_dtyp
     return out;
 }
 
+DeviceArray *
+cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype)
+{
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, func, a->device);
+    DeviceArray *out = cl_array_contiguous_copy(st, func, a, dtype);
+    if (CL_PROF_ACTIVE(&ps)) {
+        /* Read once in a's dtype, written once in `dtype`. */
+        cl_prof_info info = {
+            .dtype = (int)dtype,
+            .bytes = (int64_t)cl_array_size(a) *
+                     (int64_t)(cl_itemsize(a->dtype) + cl_itemsize(dtype)),
+            .flops = -1,
+            .ninputs = 1,
+            .inputs = {a},
+            .out_ndim = a->ndim,
+            .out_shape = a->shape,
+        };
+        cl_prof_end(st, &ps, out != NULL ? &info : NULL);
+    }
+    return out;
+}
+
 /* ---- type slots ------------------------------------------------------------ */
 
 static int
@@ -569,6 +592,8 @@ DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     if (out_obj != NULL && check_get_out(st, self, out_obj) < 0) {
         return NULL;
     }
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, "get", self->device);
     /* The bytes that cross: `self` itself when `out` (or a new array) can
      * take its layout as one block, else a C-contiguous device copy. */
     bool direct = out_obj == NULL ? cl_is_dense(self)
@@ -577,6 +602,7 @@ DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     if (!direct) {
         src = cl_array_contiguous_copy(st, "get", self, self->dtype);
         if (src == NULL) {
+            cl_prof_end(st, &ps, NULL);
             return NULL;
         }
     }
@@ -607,6 +633,7 @@ DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         bool async = non_blocking && cl_host_is_pinned(PyArray_DATA(out));
         err = cudaMemcpyAsync(PyArray_DATA(out), src->data, nbytes, cudaMemcpyDeviceToHost,
                               stream);
+        cl_prof_gpu_done(st, &ps);
         if (err == cudaSuccess && !async) {
             /* Pageable (or blocking) destination: wait for the stream. */
             CL_WITHOUT_GIL(err = cudaStreamSynchronize(stream));
@@ -614,9 +641,18 @@ DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         cl_device_exit(src->device, previous);
         CL_CUDA_CHECK(st, err);
     }
+    if (CL_PROF_ACTIVE(&ps)) {
+        /* Bytes: what crosses to the host (a compaction on the device first,
+         * for views with gaps, is not counted). */
+        cl_prof_info info = {.dtype = (int)self->dtype, .bytes = (int64_t)nbytes, .flops = -1,
+                             .ninputs = 1, .inputs = {self}, .out_ndim = self->ndim,
+                             .out_shape = self->shape};
+        cl_prof_end(st, &ps, &info);
+    }
     Py_DECREF(src);
     return (PyObject *)out;
 fail:
+    cl_prof_end(st, &ps, NULL);
     Py_XDECREF(out);
     Py_DECREF(src);
     return NULL;
@@ -629,8 +665,8 @@ PyDoc_STRVAR(copy_doc,
 static PyObject *
 DeviceArray_copy(DeviceArray *self, PyObject *unused)
 {
-    return (PyObject *)cl_array_contiguous_copy(cl_state_from_type(Py_TYPE(self)), "copy", self,
-                                                self->dtype);
+    return (PyObject *)cl_array_copy_op(cl_state_from_type(Py_TYPE(self)), "copy", self,
+                                        self->dtype);
 }
 
 PyDoc_STRVAR(astype_doc,
@@ -658,7 +694,7 @@ DeviceArray_astype(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs,
     if (!copy && dtype == self->dtype) {
         return Py_NewRef((PyObject *)self);
     }
-    return (PyObject *)cl_array_contiguous_copy(st, "astype", self, dtype);
+    return (PyObject *)cl_array_copy_op(st, "astype", self, dtype);
 }
 
 /* Axis argument in [-ndim, ndim) -> [0, ndim). */
@@ -846,7 +882,7 @@ DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
         return (PyObject *)cl_array_view(st, self, self->data, ndim, shape, strides);
     }
     {
-        DeviceArray *c = cl_array_contiguous_copy(st, "reshape", self, self->dtype);
+        DeviceArray *c = cl_array_copy_op(st, "reshape", self, self->dtype);
         if (c == NULL) {
             return NULL;
         }

@@ -760,6 +760,32 @@ check_operand(PyObject *obj, cl_state *st, const char *func, const char *param)
 
 /* ---- the product ----------------------------------------------------------------------- */
 
+/* The profiler's record of one product (result NULL: it failed). Bytes: a, b
+ * and the result once each; FLOPs: 2 M N K per matrix product. */
+static inline void
+profile_matmul(cl_state *st, cl_prof_scope *ps, const DeviceArray *a, const DeviceArray *b,
+               const DeviceArray *result, cl_dtype dtype, int64_t M, int64_t N, int64_t K,
+               int nb, const Py_ssize_t *bshape, int rnd, const Py_ssize_t *rshape)
+{
+    if (!CL_PROF_ACTIVE(ps)) {
+        return;
+    }
+    int64_t batch = 1;
+    for (int i = 0; i < nb; i++) {
+        batch *= bshape[i];
+    }
+    cl_prof_info info = {
+        .dtype = (int)dtype,
+        .bytes = cl_prof_nbytes(a) + cl_prof_nbytes(b) + (result ? cl_prof_nbytes(result) : 0),
+        .flops = 2 * M * N * K * batch,
+        .ninputs = 2,
+        .inputs = {a, b},
+        .out_ndim = rnd,
+        .out_shape = rshape,
+    };
+    cl_prof_end_slow(st, ps, result != NULL ? &info : NULL);
+}
+
 static PyObject *
 do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyObject *out_obj,
           PyObject *precision_obj)
@@ -872,6 +898,8 @@ do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyOb
         return NULL;
     }
     drain_graveyard(st);
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, func, device);
     cudaStream_t stream = cl_current_stream(st);
     cl_array_note_stream(oa.arr, stream); /* stream-safe frees (record_stream) */
     cl_array_note_stream(ob.arr, stream);
@@ -1052,12 +1080,14 @@ copy_back:
         goto fail;
     }
 done:
+    profile_matmul(st, &ps, a, b, result, dtype, M, N, K, nb, bshape, rnd, rshape);
     cl_device_exit(device, previous);
     Py_DECREF(oa.arr);
     Py_DECREF(ob.arr);
     Py_XDECREF(target);
     return (PyObject *)result;
 fail:
+    profile_matmul(st, &ps, a, b, NULL, dtype, M, N, K, nb, bshape, rnd, rshape);
     cl_device_exit(device, previous);
     Py_DECREF(oa.arr);
     Py_DECREF(ob.arr);

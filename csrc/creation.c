@@ -127,9 +127,14 @@ make_filled(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape, c
     if (cl_require_device(st, func) < 0) {
         return NULL;
     }
+    if (fill == NULL) { /* empty(): an allocation, no device work to profile */
+        return (PyObject *)cl_array_new(st, func, ndim, shape, NULL, dtype);
+    }
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, func, CL_PROF_CURRENT_DEVICE);
     DeviceArray *a = cl_array_new(st, func, ndim, shape, NULL, dtype);
-    if (a == NULL || fill == NULL) {
-        return (PyObject *)a;
+    if (a == NULL) {
+        goto done;
     }
     size_t n = (size_t)cl_array_size(a);
     size_t itemsize = cl_itemsize(dtype);
@@ -142,10 +147,17 @@ make_filled(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape, c
         CL_CUDA_CHECK(st, all_zero ? cudaMemsetAsync(a->data, 0, n * itemsize, stream)
                                    : cl_fill(a->data, n, fill, itemsize, stream));
     }
-    return (PyObject *)a;
+    goto done;
 fail:
-    Py_DECREF(a);
-    return NULL;
+    Py_CLEAR(a);
+done:
+    if (CL_PROF_ACTIVE(&ps)) {
+        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim,
+                             .out_shape = shape};
+        info.bytes = a != NULL ? cl_prof_nbytes(a) : 0; /* written once */
+        cl_prof_end(st, &ps, a != NULL ? &info : NULL);
+    }
+    return (PyObject *)a;
 }
 
 enum fill_kind { FILL_EMPTY, FILL_ZEROS, FILL_ONES, FILL_VALUE };
@@ -263,6 +275,7 @@ upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype, bool non_blocking)
     int ndim = PyArray_NDIM(arr);
     size_t itemsize = cl_itemsize(dtype);
     DeviceArray *out = NULL;
+    cl_prof_scope ps = {.flags = 0}; /* begun once the host side is ready */
     Py_INCREF(host);
     if (!cl_layout_is_dense(ndim, PyArray_SHAPE(arr), PyArray_STRIDES(arr), itemsize) ||
         !PyArray_ISALIGNED(arr)) {
@@ -272,6 +285,7 @@ upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype, bool non_blocking)
             return NULL;
         }
     }
+    cl_prof_begin(st, &ps, "asarray", CL_PROF_CURRENT_DEVICE);
     out = cl_array_new(st, "asarray", ndim, PyArray_SHAPE(host), PyArray_STRIDES(host), dtype);
     if (out == NULL) {
         goto fail;
@@ -292,15 +306,24 @@ upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype, bool non_blocking)
              * the caller may reuse or free it at once. */
             err = cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes, cudaMemcpyHostToDevice,
                                   stream);
+            cl_prof_gpu_done(st, &ps);
             if (err == cudaSuccess) {
                 CL_WITHOUT_GIL(err = cudaStreamSynchronize(stream));
             }
             CL_CUDA_CHECK(st, err);
         }
     }
+    if (CL_PROF_ACTIVE(&ps)) {
+        /* Bytes: what crosses from the host (a host-side compaction of a
+         * source with gaps happens before the op and is not counted). */
+        cl_prof_info info = {.dtype = (int)dtype, .bytes = (int64_t)nbytes, .flops = -1,
+                             .out_ndim = ndim, .out_shape = out->shape};
+        cl_prof_end(st, &ps, &info);
+    }
     Py_DECREF(host);
     return (PyObject *)out;
 fail:
+    cl_prof_end(st, &ps, NULL);
     Py_XDECREF(out);
     Py_DECREF(host);
     return NULL;
@@ -355,7 +378,7 @@ asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         if (!have_dtype || dtype == a->dtype) {
             return Py_NewRef(obj);
         }
-        return (PyObject *)cl_array_contiguous_copy(st, "asarray", a, dtype);
+        return (PyObject *)cl_array_copy_op(st, "asarray", a, dtype);
     }
     if (!PyArray_Check(obj)) {
         PyObject *imported = NULL;
@@ -368,7 +391,7 @@ asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
             if (!have_dtype || dtype == a->dtype) {
                 return imported;
             }
-            DeviceArray *c = cl_array_contiguous_copy(st, "asarray", a, dtype);
+            DeviceArray *c = cl_array_copy_op(st, "asarray", a, dtype);
             Py_DECREF(imported);
             return (PyObject *)c;
         }
@@ -443,7 +466,7 @@ ascontiguousarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyO
     if (cl_is_c_contiguous(a)) {
         return Py_NewRef(argv[0]);
     }
-    return (PyObject *)cl_array_contiguous_copy(st, "ascontiguousarray", a, a->dtype);
+    return (PyObject *)cl_array_copy_op(st, "ascontiguousarray", a, a->dtype);
 }
 
 PyMethodDef cl_creation_methods[] = {

@@ -41,6 +41,12 @@ cl_graph_capturing(cudaStream_t s)
     return NULL;
 }
 
+bool
+cl_graph_thread_capturing(void)
+{
+    return tl_capture_graph != NULL;
+}
+
 PyObject *
 cl_graph_adopt(cudaStream_t s, void *ptr)
 {
@@ -300,7 +306,14 @@ Graph_replay(GraphObject *self, PyObject *unused)
         return NULL;
     }
     cudaStream_t stream = cl_current_stream(st);
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, "CUDAGraph.replay", self->device);
     cudaError_t err = cudaGraphLaunch(self->exec, stream);
+    if (CL_PROF_ACTIVE(&ps)) {
+        /* What the graph does is not known here: no dtype, bytes or FLOPs. */
+        cl_prof_info info = {.dtype = -1, .bytes = -1, .flops = -1, .out_ndim = -1};
+        cl_prof_end(st, &ps, err == cudaSuccess ? &info : NULL);
+    }
     cl_device_exit(self->device, previous);
     CL_CUDA_CHECK(st, err);
     self->launched = true;

@@ -565,7 +565,7 @@ cl_array_dlpack(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
         return NULL;
     }
     if (copy) {
-        a = cl_array_contiguous_copy(st, func, self, self->dtype);
+        a = cl_array_copy_op(st, func, self, self->dtype);
     }
     else {
         Py_INCREF(a);

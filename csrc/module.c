@@ -64,7 +64,8 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_random_methods) < 0 ||
         PyModule_AddFunctions(module, cl_blas_methods) < 0 ||
         PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
-        PyModule_AddFunctions(module, cl_timing_methods) < 0) {
+        PyModule_AddFunctions(module, cl_timing_methods) < 0 ||
+        cl_profiler_init(module, st) < 0) {
         return -1;
     }
     if (PyModule_AddIntConstant(module, "MAX_NDIM", CL_MAX_NDIM) < 0) {
@@ -119,6 +120,7 @@ cl_free_module(void *module)
     /* The pools are deliberately not destroyed: arrays still alive elsewhere
      * (or the CUDA runtime already unloading at exit) could make that unsafe,
      * and the driver releases everything with the process. */
+    cl_profiler_free(cl_state_from_module((PyObject *)module));
     cl_clear((PyObject *)module);
 }
 

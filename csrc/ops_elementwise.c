@@ -519,6 +519,31 @@ k_order_strides(const ew_arg *args, int nargs, int nd, const Py_ssize_t *shape, 
     return false;
 }
 
+/* FLOPs the profiler reports: one per result element for the arithmetic ops
+ * (two for axpy's multiply-add) on floating dtypes; None (-1) for the rest,
+ * whose cost is not a count of floating-point operations. */
+static int64_t
+elementwise_flops(cl_ew_op op, cl_dtype r, const Py_ssize_t *shape, int nd)
+{
+    int per;
+    switch (op) {
+    case CL_EW_ADD:
+    case CL_EW_SUB:
+    case CL_EW_MUL:
+    case CL_EW_DIV: per = 1; break;
+    case CL_EW_AXPY: per = 2; break;
+    default: return -1;
+    }
+    if (!is_float_dtype(r)) {
+        return -1;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) {
+        n *= shape[i];
+    }
+    return per * n;
+}
+
 static PyObject *
 ew_run(cl_state *st, const ew_spec *spec, ew_arg *args, int nargs, ew_arg *alpha,
        PyObject *out_obj)
@@ -615,6 +640,8 @@ ew_run(cl_state *st, const ew_spec *spec, ew_arg *args, int nargs, ew_arg *alpha
     if (cl_device_enter(st, device, &previous) < 0) {
         return NULL;
     }
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, func, device);
     bool direct = out != NULL && out->dtype == r;
     const DeviceArray *in_arr[2] = {NULL, NULL};
     for (int k = 0; k < nargs; k++) {
@@ -690,6 +717,19 @@ ew_run(cl_state *st, const ew_spec *spec, ew_arg *args, int nargs, ew_arg *alpha
 fail:
     ret = NULL;
 done:
+    if (CL_PROF_ACTIVE(&ps)) {
+        cl_prof_info info = {.dtype = (int)r, .flops = -1, .out_ndim = nd, .out_shape = shape};
+        const DeviceArray *written = out != NULL ? out : result;
+        info.bytes = written != NULL ? cl_prof_nbytes(written) : 0;
+        for (int k = 0; k < nargs; k++) {
+            if (args[k].arr != NULL) {
+                info.inputs[info.ninputs++] = args[k].arr;
+                info.bytes += cl_prof_nbytes(args[k].arr);
+            }
+        }
+        info.flops = elementwise_flops(spec->op, r, shape, nd);
+        cl_prof_end(st, &ps, ret != NULL ? &info : NULL);
+    }
     if (result != NULL && result != out) {
         Py_DECREF(result);
     }

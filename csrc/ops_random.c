@@ -192,29 +192,38 @@ parse_common(cl_state *st, const char *func, PyObject *shape_obj, PyObject *seed
     return 0;
 }
 
-/* Allocate the output and run `launch` on it. */
+/* Allocate the output and run `fill` on it (profiled as `prof_name`). */
 typedef cudaError_t (*fill_fn)(void *out, cl_dtype dtype, int64_t n, const void *params,
                                uint64_t key, uint64_t offset, cudaStream_t stream);
 
 static PyObject *
-generate(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape, cl_dtype dtype,
-         fill_fn fill, const void *params, uint64_t seed, uint64_t offset)
+generate(cl_state *st, const char *func, const char *prof_name, int ndim, const Py_ssize_t *shape,
+         cl_dtype dtype, fill_fn fill, const void *params, uint64_t seed, uint64_t offset)
 {
     if (cl_require_device(st, func) < 0) {
         return NULL;
     }
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, prof_name, CL_PROF_CURRENT_DEVICE);
     DeviceArray *out = cl_array_new(st, func, ndim, shape, NULL, dtype);
     if (out == NULL) {
-        return NULL;
+        goto done;
     }
     int64_t n = (int64_t)cl_array_size(out);
     if (n > 0) {
         CL_CUDA_CHECK(st, fill(out->data, dtype, n, params, seed, offset, cl_current_stream(st)));
     }
-    return (PyObject *)out;
+    goto done;
 fail:
-    Py_DECREF(out);
-    return NULL;
+    Py_CLEAR(out);
+done:
+    if (CL_PROF_ACTIVE(&ps)) {
+        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim,
+                             .out_shape = shape};
+        info.bytes = out != NULL ? cl_prof_nbytes(out) : 0; /* written once */
+        cl_prof_end(st, &ps, out != NULL ? &info : NULL);
+    }
+    return (PyObject *)out;
 }
 
 struct real_pair {
@@ -286,7 +295,8 @@ _random_normal(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     if (parse_dtype(st, argv[3], func, true, CL_FLOAT32, &dtype) < 0) {
         return NULL;
     }
-    return generate(st, func, ndim, shape, dtype, fill_normal, &p, seed, offset);
+    return generate(st, func, "random.normal", ndim, shape, dtype, fill_normal, &p, seed,
+                    offset);
 }
 
 PyDoc_STRVAR(_random_uniform_doc,
@@ -342,7 +352,8 @@ _random_uniform(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObj
         Py_XDECREF(hi_r);
         return NULL;
     }
-    return generate(st, func, ndim, shape, dtype, fill_uniform, &p, seed, offset);
+    return generate(st, func, "random.uniform", ndim, shape, dtype, fill_uniform, &p, seed,
+                    offset);
 }
 
 /* An int bound as int64, or "exactly 2**63" (a valid exclusive high for
@@ -477,7 +488,8 @@ _random_integers(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyOb
     p.low = low;
     p.span = high_is_2_63 ? (uint64_t)1 << 63 : (uint64_t)high;
     p.span = p.span - 1u - (uint64_t)low; /* modulo 2**64: high - 1 - low >= 0 */
-    return generate(st, func, ndim, shape, dtype, fill_integers, &p, seed, offset);
+    return generate(st, func, "random.integers", ndim, shape, dtype, fill_integers, &p, seed,
+                    offset);
 }
 
 /* A sequence of exactly `n` ints in [0, 2**32). */

@@ -265,6 +265,8 @@ reduce_impl(PyObject *module, const reduce_spec *spec, PyObject *const *args, Py
     if (cl_device_enter(st, a->device, &previous) < 0) {
         return NULL;
     }
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, func, a->device);
     PyObject *result = NULL;
     DeviceArray *src = (DeviceArray *)Py_NewRef(a);
     DeviceArray *tmp = NULL, *ws = NULL, *cast = NULL;
@@ -332,6 +334,23 @@ reduce_impl(PyObject *module, const reduce_spec *spec, PyObject *const *args, Py
 fail:
     Py_CLEAR(result);
 done:
+    if (CL_PROF_ACTIVE(&ps)) {
+        /* Bytes: the input read once and the result written once. FLOPs:
+         * one add per input element for sum and mean of floats. */
+        bool adds = spec->op == CL_REDUCE_SUM || spec->op == CL_REDUCE_MEAN;
+        bool floats = kdtype == CL_FLOAT16 || kdtype == CL_BFLOAT16 || kdtype == CL_FLOAT32 ||
+                      kdtype == CL_FLOAT64;
+        cl_prof_info info = {
+            .dtype = (int)kdtype,
+            .bytes = cl_prof_nbytes(a) + (int64_t)routputs * (int64_t)cl_itemsize(final_dtype),
+            .flops = adds && floats ? (int64_t)cl_array_size(a) : -1,
+            .ninputs = 1,
+            .inputs = {a},
+            .out_ndim = rndim,
+            .out_shape = rshape,
+        };
+        cl_prof_end(st, &ps, result != NULL ? &info : NULL);
+    }
     /* The pool frees on the stream, after the kernels that use these. */
     Py_XDECREF(ws);
     Py_XDECREF(tmp);

@@ -93,30 +93,33 @@ transpose(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *k
     if (cl_device_enter(st, a->device, &previous) < 0) {
         return NULL;
     }
+    cl_prof_scope ps;
+    cl_prof_begin(st, &ps, "transpose", a->device);
     const Py_ssize_t shape[2] = {a->shape[1], a->shape[0]};
     DeviceArray *out = cl_array_new(st, "transpose", 2, shape, NULL, a->dtype);
     if (out == NULL) {
-        cl_device_exit(a->device, previous);
-        return NULL;
+        goto done;
     }
     cl_array_note_stream(a, cl_current_stream(st)); /* stream-safe frees */
     if (a->shape[0] > 0 && a->shape[1] > 0) {
         const int64_t item = (int64_t)cl_itemsize(a->dtype);
-        cudaError_t err = cl_transpose_2d(out->data, (int64_t)a->shape[0], a->data,
+        CL_CUDA_CHECK(st, cl_transpose_2d(out->data, (int64_t)a->shape[0], a->data,
                                           (int64_t)a->strides[0] / item,
                                           (int64_t)a->strides[1] / item, (int64_t)a->shape[0],
                                           (int64_t)a->shape[1], a->dtype, method,
-                                          cl_current_stream(st));
-        if (err != cudaSuccess) {
-            cl_device_exit(a->device, previous);
-            CL_CUDA_CHECK(st, err);
-        }
+                                          cl_current_stream(st)));
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    if (CL_PROF_ACTIVE(&ps)) {
+        cl_prof_info info = {.dtype = (int)a->dtype, .bytes = 2 * cl_prof_nbytes(a), .flops = -1,
+                             .ninputs = 1, .inputs = {a}, .out_ndim = 2, .out_shape = shape};
+        cl_prof_end(st, &ps, out != NULL ? &info : NULL);
     }
     cl_device_exit(a->device, previous);
     return (PyObject *)out;
-fail:
-    Py_DECREF(out);
-    return NULL;
 }
 
 PyMethodDef cl_transpose_methods[] = {

@@ -97,6 +97,8 @@ from .streams import graph, stream
 from . import bench
 # GPU monitoring through NVML (optional nvidia-ml-py): cudalab.monitor.GpuMonitor.
 from . import monitor
+# Op profiler (Measurement): cudalab.profiler.profile(), record_function.
+from . import profiler
 
 __version__ = "0.1.0"
 
@@ -185,3 +187,4 @@ __all__ += [  # streams, events, CUDA graphs
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
 __all__ += ["bench"]  # measurement
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
+__all__ += ["profiler"]  # op profiler
