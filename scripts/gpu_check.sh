@@ -2,7 +2,8 @@
 # Build cudalab on a GPU machine, run the whole test suite with
 # CUDALAB_REQUIRE_GPU=1 (a skipped GPU test is a failure), and write a JSON
 # summary (device, driver/runtime versions, passed/failed counts) to
-# benchmarks/results/gpu_check_<device>.json.
+# benchmarks/results/gpu_check_<device>.json. Also saves `cudalab check` and
+# `cudalab ceilings` output there (cli_check_<device>.txt, ceilings_<device>.*).
 #
 # Usage: scripts/gpu_check.sh [extra pytest args]
 # Logs go to $OUT when it is set (and to build/gpu_check/ otherwise).
@@ -46,6 +47,13 @@ finally:
 print(cl.memory_summary())
 PY
 } 2>&1 | tee "$LOGS/device_report.txt"
+
+echo "== CLI: check and ceilings"
+device_tag=$("$PYTHON" -c "import cudalab; print(cudalab.get_device_properties(0).name.replace(' ', '_'))")
+"$PYTHON" -m cudalab check 2>&1 | tee "benchmarks/results/cli_check_${device_tag}.txt" "$LOGS/cli_check.txt"
+"$PYTHON" -m cudalab ceilings --no-progress --json "benchmarks/results/ceilings_${device_tag}.json" 2>&1 \
+  | tee "benchmarks/results/ceilings_${device_tag}.txt" "$LOGS/ceilings.txt"
+cp "benchmarks/results/ceilings_${device_tag}.json" "$LOGS/" 2>/dev/null
 
 echo "== tests (CUDALAB_REQUIRE_GPU=1)"
 start=$(date +%s)
