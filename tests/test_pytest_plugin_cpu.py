@@ -677,3 +677,21 @@ def test_readme_plugin_example_skips_without_gpu(pytester, no_gpu):
     pytester.makepyfile(test_readme_example=readme_plugin_example())
     result = pytester.runpytest_subprocess(*PLUGIN, "--strict-markers")
     result.assert_outcomes(skipped=1)
+
+
+def test_project_suite_loads_the_plugin_without_autoload(monkeypatch):
+    # tests/conftest.py registers the plugin itself when the entry point was not loaded.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--strict-markers", "--markers"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert GPU_MARKER_LINE in done.stdout
+    assert "--gpu-benchmark-json" in subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    ).stdout
