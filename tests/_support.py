@@ -5,6 +5,9 @@ Importable from any test module (pytest puts this folder on sys.path).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 
@@ -29,3 +32,13 @@ def is_float(dtype) -> bool:
     """float16/32/64 and bfloat16 (whose NumPy kind is 'V', not 'f')."""
     dtype = np.dtype(dtype)
     return dtype.kind == "f" or dtype == BF16
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_plugin_example() -> str:
+    """The README's python example that uses the gpu_benchmark fixture."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    [block] = [b for b in blocks if "gpu_benchmark" in b]
+    return block

@@ -1,9 +1,10 @@
 """Shared pytest setup for cudalab.
 
-* Tests marked ``gpu`` (the marker is declared in pyproject.toml) are skipped
-  when ``cudalab.is_available()`` is False; with ``CUDALAB_REQUIRE_GPU=1`` in the
-  environment that skip becomes a failure, so a GPU run can never pass by
-  silently skipping its GPU tier.
+* The ``gpu`` marker comes from cudalab's pytest plugin
+  (``cudalab.pytest_plugin``, loaded through its entry point once cudalab is
+  installed): tests marked ``gpu`` are skipped when ``cudalab.is_available()``
+  is False; with ``CUDALAB_REQUIRE_GPU=1`` in the environment that skip becomes
+  a failure, so a GPU run can never pass by silently skipping its GPU tier.
 * ``rng``: a NumPy Generator seeded from the test's node id, so a failing test
   sees the same data on every run.
 * ``memory_baseline``: a clean device pool for memory tests.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import os
 
 import numpy as np
 import pytest
@@ -21,35 +21,18 @@ import pytest
 import cudalab
 
 
-def _gpu_available() -> bool:
-    try:
-        return bool(cudalab.is_available())
-    except Exception:  # is_available() must never raise; treat it as "no GPU"
-        return False
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """Load cudalab's pytest plugin if its entry point did not.
 
-
-def _gpu_required() -> bool:
-    return os.environ.get("CUDALAB_REQUIRE_GPU", "").strip() == "1"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip (or, with CUDALAB_REQUIRE_GPU=1, fail) ``gpu`` tests without a GPU.
-
-    Runs before fixture setup, so GPU-only fixtures never run without a GPU.
+    Installing cudalab registers the plugin (the `gpu` marker and its skip,
+    the `gpu_benchmark` fixture); with PYTEST_DISABLE_PLUGIN_AUTOLOAD set it
+    is not loaded, so load it here. Registering it while options are being
+    collected lets its own options take part. ``-p no:cudalab`` is respected.
     """
-    if item.get_closest_marker("gpu") is None:
-        return
-    if _gpu_available():
-        return
-    if _gpu_required():
-        pytest.fail(
-            "CUDALAB_REQUIRE_GPU=1 but cudalab.is_available() is False: "
-            f"GPU test {item.nodeid} cannot run (no CUDA device or driver visible "
-            "to cudalab); refusing to skip it",
-            pytrace=False,
-        )
-    pytest.skip("needs a CUDA device (cudalab.is_available() is False)")
+    if not pluginmanager.has_plugin("cudalab") and not pluginmanager.is_blocked("cudalab"):
+        from cudalab import pytest_plugin
+
+        pluginmanager.register(pytest_plugin, "cudalab")
 
 
 def _seed_from_nodeid(nodeid: str) -> int:

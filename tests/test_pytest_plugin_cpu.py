@@ -1,0 +1,697 @@
+"""CPU tier: cudalab's pytest plugin (cudalab.pytest_plugin, cudalab.bench.results).
+
+The pure logic (threshold parsing, comparison, the JSON layout, machine info,
+the summary table) is tested directly with synthetic Measurements. The pytest
+side runs small generated test files through ``pytester`` in a subprocess
+with ``CUDA_VISIBLE_DEVICES=""``, so the plugin sees no GPU even on a GPU
+machine: the ``gpu`` marker and the fixture skip (or fail under
+CUDALAB_REQUIRE_GPU=1), and a stand-in for the fixture records synthetic
+Measurements to exercise the JSON file, the comparison and the regression
+failure end to end.
+
+Every run passes ``-p cudalab``: it loads the plugin through its entry point
+(once, also when autoloading already did) and still loads it when
+PYTEST_DISABLE_PLUGIN_AUTOLOAD is set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+
+import cudalab
+from cudalab import pytest_plugin
+from cudalab.bench import Measurement
+from cudalab.bench import results as R
+from _support import readme_plugin_example
+
+pytest_plugins = ["pytester"]
+
+PLUGIN = ("-p", "cudalab")
+GPU_MARKER_LINE = (
+    "@pytest.mark.gpu: needs a CUDA device (skipped without one; CUDALAB_REQUIRE_GPU=1 makes the skip a failure)"
+)
+
+
+def fake(label: str, median: float, **fields) -> Measurement:
+    """A Measurement whose median is exactly `median` (five spread times)."""
+    times = [median * f for f in (0.97, 0.99, 1.0, 1.01, 1.03)]
+    fields.setdefault("device", "Fake GPU")
+    return Measurement(label=label, times=times, **fields)
+
+
+# ---- thresholds ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("10%", 0.10), ("0.1", 0.10), (" 2.5 % ", 0.025), ("200%", 2.0), ("1", 1.0), ("0.05", 0.05),
+     ("150%", 1.5)],
+)
+def test_parse_threshold_accepts_percent_and_fraction(text, expected):
+    assert R.parse_threshold(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["10x", "", "%", "ten%", "1e", "10 %%"])
+def test_parse_threshold_rejects_garbage(text):
+    with pytest.raises(ValueError, match=r"--fail: expected a percentage such as '10%' or a fraction"):
+        R.parse_threshold(text, option="--fail")
+
+
+@pytest.mark.parametrize("text", ["0", "0%", "-5%", "-0.1", "nan", "inf%"])
+def test_parse_threshold_rejects_zero_negative_and_non_finite(text):
+    with pytest.raises(ValueError, match=r"greater than 0"):
+        R.parse_threshold(text)
+
+
+@pytest.mark.parametrize("text", ["10", "1.5"])
+def test_parse_threshold_refuses_ambiguous_bare_numbers(text):
+    with pytest.raises(ValueError, match=rf"'{text}' is ambiguous.*write '{text}%'"):
+        R.parse_threshold(text)
+
+
+def test_format_threshold():
+    assert R.format_threshold(0.1) == "10%"
+    assert R.format_threshold(2.0) == "200%"
+    assert R.format_threshold(0.025) == "2.5%"
+
+
+# ---- comparison ------------------------------------------------------------------------
+
+
+BASELINE = {m.key: m for m in (fake("add", 1e-3), fake("mm", 2e-3, sub_label="float32"))}
+
+
+def test_regression_beyond_threshold():
+    c = R.compare(fake("add", 1.25e-3), BASELINE, threshold=0.10)
+    assert c.baseline_median == pytest.approx(1e-3)
+    assert c.current_median == pytest.approx(1.25e-3)
+    assert c.change == pytest.approx(0.25)
+    assert c.regressed and c.status == "regression"
+    text = c.describe()
+    assert "add: median 1.25 ms vs baseline 1 ms (+25.0%)" in text
+    assert "more than the allowed +10%" in text
+
+
+def test_slower_within_threshold_passes():
+    c = R.compare(fake("add", 1.08e-3), BASELINE, threshold=0.10)
+    assert c.change == pytest.approx(0.08)
+    assert not c.regressed and c.status == "slower"
+    assert "within the allowed +10%" in c.describe()
+
+
+def test_exactly_at_threshold_is_not_a_regression():
+    # Medians 1.5 and 1.0 give a change of exactly 0.5 in binary floating point.
+    c = R.compare(Measurement(label="x", times=[1.5] * 4), {("x", None, None): Measurement(label="x", times=[1.0] * 4)},
+                  threshold=0.5)
+    assert c.change == 0.5
+    assert not c.regressed
+    assert R.compare(Measurement(label="x", times=[1.5001] * 4),
+                     {("x", None, None): Measurement(label="x", times=[1.0] * 4)}, threshold=0.5).regressed
+
+
+def test_improvement_passes():
+    c = R.compare(fake("add", 0.4e-3), BASELINE, threshold=0.10)
+    assert c.change == pytest.approx(-0.6)
+    assert not c.regressed and c.status == "faster"
+    assert "(-60.0%)" in c.describe()
+
+
+def test_missing_baseline_is_reported_not_failed():
+    # Same label, other sub_label: a different key.
+    c = R.compare(fake("mm", 9e-3, sub_label="float16"), BASELINE, threshold=0.10)
+    assert c.missing and c.status == "missing"
+    assert c.change is None and not c.regressed
+    assert "no baseline measurement" in c.describe()
+
+
+def test_matching_uses_the_whole_key():
+    c = R.compare(fake("mm", 2.2e-3, sub_label="float32"), BASELINE, threshold=0.5)
+    assert c.baseline_median == pytest.approx(2e-3)
+    assert c.change == pytest.approx(0.1)
+
+
+def test_report_only_never_regresses():
+    c = R.compare(fake("add", 5e-3), BASELINE, threshold=None)
+    assert c.change == pytest.approx(4.0)
+    assert not c.regressed and c.status == "slower"
+    assert "allowed" not in c.describe()
+
+
+def test_device_mismatch_is_noted():
+    c = R.compare(fake("add", 1e-3, device="Other GPU"), BASELINE, threshold=0.1)
+    assert "baseline measured on Fake GPU, now on Other GPU" in c.describe()
+
+
+def test_zero_baseline_median():
+    base = {("z", None, None): Measurement(label="z", times=[0.0] * 4)}
+    c = R.compare(fake("z", 1e-6), base, threshold=0.1)
+    assert math.isinf(c.change) and c.regressed
+    assert "+inf%" in c.describe()
+
+
+def test_comparison_to_dict():
+    d = R.compare(fake("add", 1.25e-3), BASELINE, threshold=0.10).to_dict()
+    assert d["status"] == "regression"
+    assert d["change"] == pytest.approx(0.25)
+    assert d["threshold"] == 0.10
+    assert d["baseline_device"] == "Fake GPU"
+    json.dumps(d)
+
+
+# ---- the JSON file ---------------------------------------------------------------------
+
+
+def _records():
+    m1 = fake("add", 1e-3, bytes=3e6, metadata={"n": 250_000})
+    m2 = fake("mm", 2e-3, sub_label="float32", flops=2e9)
+    return [R.Record("t.py::test_add", m1, R.compare(m1, BASELINE, 0.1)), R.Record("t.py::test_mm", m2)]
+
+
+def test_results_dict_layout():
+    data = R.results_dict(_records(), {"hostname": "h"})
+    assert data["schema"] == R.RESULTS_SCHEMA
+    assert data["machine"] == {"hostname": "h"}
+    assert [b["nodeid"] for b in data["benchmarks"]] == ["t.py::test_add", "t.py::test_mm"]
+    first = data["benchmarks"][0]
+    assert first["measurement"]["label"] == "add"
+    assert first["measurement"]["derived"]["median"] == pytest.approx(1e-3)
+    assert first["comparison"]["status"] == "same"
+    assert data["benchmarks"][1]["comparison"] is None
+
+
+def test_write_and_read_back(tmp_path):
+    path = tmp_path / "sub" / "dir" / "results.json"  # parents are created
+    R.write_results(path, _records(), {"hostname": "h"})
+    back = R.read_results(path)
+    assert [r.nodeid for r in back] == ["t.py::test_add", "t.py::test_mm"]
+    for old, new in zip(_records(), back):
+        assert new.measurement == old.measurement
+        assert new.measurement.metadata == old.measurement.metadata
+        assert new.comparison is None  # comparisons are written, not read
+    assert json.loads(path.read_text())["machine"] == {"hostname": "h"}
+
+
+def test_write_results_handles_numpy_scalars_in_metadata(tmp_path):
+    import numpy as np
+
+    m = fake("np", 1e-3, metadata={"n": np.int64(7), "x": np.float32(0.5), "shape": np.array([3, 5])})
+    R.write_results(tmp_path / "r.json", [R.Record("a", m)], {})
+    back = R.read_results(tmp_path / "r.json")[0].measurement
+    assert back.metadata == {"n": 7, "x": 0.5, "shape": [3, 5]}
+
+
+def test_load_baseline_by_key_merges_repeats(tmp_path):
+    a1, a2 = fake("add", 1e-3), fake("add", 3e-3)
+    R.write_results(tmp_path / "b.json", [R.Record("x", a1), R.Record("y", a2), R.Record("z", fake("mm", 1e-3))], {})
+    base = R.load_baseline(tmp_path / "b.json")
+    assert set(base) == {("add", None, None), ("mm", None, None)}
+    assert base[("add", None, None)].repeats == 10  # both runs' times pooled
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "is not valid JSON"),
+        ("[1, 2]", "is not a cudalab benchmark results file"),
+        ('{"benchmarks": {}}', "is not a cudalab benchmark results file"),
+        ('{"schema": "other/1", "benchmarks": []}', "unknown schema 'other/1'"),
+        ('{"schema": "cudalab.bench.results/1", "benchmarks": [{"nodeid": "a"}]}', "benchmark #0 is malformed"),
+        ('{"schema": "cudalab.bench.results/1", "benchmarks": [{"measurement": 5}]}', "benchmark #0 is malformed"),
+        ('{"schema": "cudalab.bench.results/1", "benchmarks": ["x"]}', "benchmark #0 is malformed"),
+        ('{"schema": "cudalab.bench.results/1", "benchmarks": [{"measurement": {"label": "a", "times": []}}]}',
+         "benchmark #0 is malformed"),
+    ],
+)
+def test_read_results_rejects_other_files(tmp_path, content, message):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        R.read_results(path)
+
+
+def test_empty_results_round_trip(tmp_path):
+    R.write_results(tmp_path / "r.json", [], {})
+    assert R.read_results(tmp_path / "r.json") == []
+    assert R.load_baseline(tmp_path / "r.json") == {}
+
+
+# ---- machine info ----------------------------------------------------------------------
+
+
+def test_machine_info_fields(tmp_path):
+    info = R.machine_info(tmp_path)
+    assert info["hostname"] == socket.gethostname()
+    assert info["timestamp"].endswith("+00:00")
+    assert info["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert info["versions"]["cudalab"] == cudalab.__version__
+    assert info["versions"]["numpy"] is not None
+    assert info["cuda"]["runtime_version"] == cudalab.runtime_version()
+    assert info["cuda"]["driver_version"] == cudalab.driver_version()
+    assert info["cuda"]["available"] == cudalab.is_available()
+    expected = cudalab.device_count() if cudalab.is_available() else 0
+    assert len(info["devices"]) == expected
+    assert info["git"] is None  # tmp_path is no git checkout
+    json.dumps(info)
+
+
+def test_machine_info_without_root_has_no_git():
+    assert R.machine_info()["git"] is None
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
+def test_machine_info_records_the_commit(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("one")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "first")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert R.machine_info(tmp_path)["git"] == {"commit": head, "dirty": False}
+    (tmp_path / "f.txt").write_text("two")
+    assert R.machine_info(tmp_path)["git"] == {"commit": head, "dirty": True}
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """Install a stand-in cudalab._nvml whose sample() the test sets."""
+    module = types.ModuleType("cudalab._nvml")
+    monkeypatch.setitem(sys.modules, "cudalab._nvml", module)
+    monkeypatch.setattr(cudalab, "_nvml", module, raising=False)
+    return module
+
+
+def test_live_clocks_come_from_nvml_sample(fake_nvml):
+    fake_nvml.sample = lambda device: {"sm_clock_mhz": 1980 + device, "memory_clock_mhz": 2619}
+    assert R._live_clocks(1) == {"sm_clock_mhz": 1981, "memory_clock_mhz": 2619}
+
+
+def test_live_clocks_none_and_errors(fake_nvml):
+    fake_nvml.sample = lambda device: None
+    assert R._live_clocks(0) is None
+
+    def broken(device):
+        raise RuntimeError("NVML went away")
+
+    fake_nvml.sample = broken
+    assert R._live_clocks(0) == {"error": "NVML went away"}
+
+
+def test_live_clocks_without_the_module(monkeypatch):
+    monkeypatch.delattr(cudalab, "_nvml", raising=False)
+    monkeypatch.setitem(sys.modules, "cudalab._nvml", None)  # import raises ImportError
+    assert R._live_clocks(0) is None
+
+
+# ---- the summary table -----------------------------------------------------------------
+
+
+def test_summary_lines_without_comparison():
+    lines = R.summary_lines([R.Record("a", fake("mm", 2e-3, flops=4e9)),
+                             R.Record("b", fake("add", 1e-3, bytes=2e9))])
+    assert lines[0].split() == ["benchmark", "median", "IQR", "rate"]
+    assert lines[1].startswith("mm") and "2 ms" in lines[1] and "2 TFLOP/s" in lines[1]
+    assert lines[2].startswith("add") and "2000 GB/s" in lines[2]
+
+
+def test_summary_lines_with_comparison_and_noise():
+    noisy = Measurement(label="noisy", times=[1e-3, 1e-3, 2e-3, 3e-3, 3e-3])
+    records = [
+        R.Record("a", fake("add", 2e-3), R.compare(fake("add", 2e-3), BASELINE, 0.1)),
+        R.Record("b", noisy, R.compare(noisy, BASELINE, 0.1)),
+    ]
+    lines = R.summary_lines(records)
+    assert "vs baseline" in lines[0]
+    assert "1 ms -> +100.0% REGRESSION (> +10%)" in lines[1]
+    assert "no baseline" in lines[2] and "(!)" in lines[2]
+    assert lines[-1].startswith("(!) noisy")
+
+
+# ---- the plugin's pieces ---------------------------------------------------------------
+
+
+def test_session_from_options_defaults():
+    s = pytest_plugin.session_from_options(None, None, None)
+    assert s.json_path is None and s.baseline is None and s.threshold is None and s.records == []
+
+
+@pytest.mark.parametrize(
+    "fail, message",
+    [("10x", "--gpu-benchmark-compare-fail: expected a percentage such as '10%'"),
+     ("10", "--gpu-benchmark-compare-fail: '10' is ambiguous"),
+     ("0%", "greater than 0")],
+)
+def test_session_from_options_bad_threshold(tmp_path, fail, message):
+    R.write_results(tmp_path / "b.json", [], {})
+    with pytest.raises(pytest.UsageError, match=message):
+        pytest_plugin.session_from_options(None, str(tmp_path / "b.json"), fail)
+
+
+def test_session_from_options_threshold_needs_a_baseline():
+    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-compare-fail needs --gpu-benchmark-compare"):
+        pytest_plugin.session_from_options(None, None, "10%")
+
+
+def test_session_from_options_bad_paths(tmp_path):
+    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-compare: .*nope.json does not exist"):
+        pytest_plugin.session_from_options(None, str(tmp_path / "nope.json"), None)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-compare: .*not a cudalab benchmark results"):
+        pytest_plugin.session_from_options(None, str(tmp_path / "bad.json"), None)
+    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-json: .* is a directory"):
+        pytest_plugin.session_from_options(str(tmp_path), None, None)
+
+
+def test_session_records_and_compares(tmp_path):
+    R.write_results(tmp_path / "b.json", [R.Record("x", fake("add", 1e-3))], {})
+    s = pytest_plugin.session_from_options(str(tmp_path / "o.json"), str(tmp_path / "b.json"), "10%")
+    assert s.threshold == pytest.approx(0.1)
+    record = s.record("t.py::test_a", fake("add", 2e-3))
+    assert record.comparison.regressed
+    assert s.record("t.py::test_b", fake("new", 1e-3)).comparison.missing
+    # A rerun of the same test replaces its entry; another test may not reuse the key.
+    s.record("t.py::test_a", fake("add", 1e-3))
+    assert [r.measurement.median for r in s.records] == pytest.approx([1e-3, 1e-3])
+    with pytest.raises(ValueError, match=r"'add' was already recorded by t.py::test_a"):
+        s.record("t.py::test_c", fake("add", 1e-3))
+
+
+def test_fixture_option_defaults_follow_measure():
+    import inspect
+
+    from cudalab.bench import measure
+
+    defaults = pytest_plugin._measure_defaults()
+    assert defaults["label"] is None and defaults["min_run_time"] == 0.2
+    keyword_only = [n for n, p in inspect.signature(measure).parameters.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert list(defaults) == keyword_only
+
+
+def test_gpu_available_never_raises(monkeypatch):
+    def broken():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(cudalab._core, "is_available", broken)
+    assert pytest_plugin.gpu_available() is False
+
+
+@pytest.mark.parametrize("value, required", [("1", True), (" 1 ", True), ("0", False), ("", False),
+                                             ("yes", False)])
+def test_gpu_required(monkeypatch, value, required):
+    monkeypatch.setenv("CUDALAB_REQUIRE_GPU", value)
+    assert pytest_plugin.gpu_required() is required
+
+
+# ---- pytest runs (pytester, in a subprocess without a visible GPU) ---------------------------
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A subprocess environment in which cudalab sees no device, GPU machine or not."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDALAB_REQUIRE_GPU", raising=False)
+    return monkeypatch
+
+
+MARKED = """
+import pytest
+
+@pytest.mark.gpu
+def test_marked():
+    raise AssertionError("a gpu test ran without a GPU")
+
+def test_plain():
+    pass
+
+def test_fixture(gpu_benchmark):
+    raise AssertionError("the gpu_benchmark fixture was set up without a GPU")
+"""
+
+
+def test_gpu_marker_and_fixture_skip_without_gpu(pytester, no_gpu):
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest_subprocess(*PLUGIN, "--strict-markers", "-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*SKIPPED*needs a CUDA device (cudalab.is_available() is False)*"])
+
+
+def test_gpu_marker_and_fixture_fail_under_require_gpu(pytester, no_gpu):
+    no_gpu.setenv("CUDALAB_REQUIRE_GPU", "1")
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest_subprocess(*PLUGIN, "--strict-markers")
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines([
+        ("*CUDALAB_REQUIRE_GPU=1 but cudalab.is_available() is False: GPU test "
+         "test_marked.py::test_marked cannot run (no CUDA device or driver visible to cudalab); "
+         "refusing to skip it*"),
+    ])
+    result.stdout.fnmatch_lines(["*GPU test test_marked.py::test_fixture cannot run*"])
+
+
+def test_marker_is_registered(pytester):
+    result = pytester.runpytest_subprocess(*PLUGIN, "--markers")
+    result.stdout.fnmatch_lines([GPU_MARKER_LINE])
+
+
+def test_plugin_loads_without_autoload(pytester, no_gpu):
+    no_gpu.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest_subprocess(*PLUGIN, "--strict-markers")
+    result.assert_outcomes(passed=1, skipped=2)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gpu-benchmark-compare-fail", "10%"], "--gpu-benchmark-compare-fail needs --gpu-benchmark-compare"),
+        (["--gpu-benchmark-compare", "base.json", "--gpu-benchmark-compare-fail", "10x"],
+         ("--gpu-benchmark-compare-fail: expected a percentage such as '10%' or a fraction such as "
+          "'0.1', got '10x'")),
+        (["--gpu-benchmark-compare", "base.json", "--gpu-benchmark-compare-fail", "25"],
+         "--gpu-benchmark-compare-fail: '25' is ambiguous*write '25%'*"),
+        (["--gpu-benchmark-compare", "missing.json"], "--gpu-benchmark-compare: missing.json does not exist"),
+        (["--gpu-benchmark-compare", "test_ok.py"], "--gpu-benchmark-compare: test_ok.py is not valid JSON*"),
+    ],
+)
+def test_option_errors_are_usage_errors(pytester, args, message):
+    R.write_results(pytester.path / "base.json", [], {})
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = pytester.runpytest(*PLUGIN, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}*"])
+
+
+# A stand-in for gpu_benchmark without the GPU check: tests record synthetic
+# Measurements through the fixture's own recording path.
+FAKE_CONFTEST = """
+import pytest
+from cudalab.pytest_plugin import GpuBenchmark, benchmark_session
+
+@pytest.fixture
+def bench(request):
+    return GpuBenchmark(request.node, benchmark_session(request.config))
+"""
+
+FAKE_TESTS = """
+from cudalab.bench import Measurement
+
+def fake(label, median, **fields):
+    return Measurement(label=label, times=[median * f for f in (0.97, 0.99, 1.0, 1.01, 1.03)],
+                       device="Fake GPU", **fields)
+
+def test_slower(bench):
+    bench.record(fake("slower", 1.5e-3, bytes=3e6))
+    assert len(bench.measurements) == 1
+
+def test_within(bench):
+    bench.record(fake("within", 1.05e-3, flops=2e9))
+
+def test_faster(bench):
+    bench.record(fake("faster", 0.5e-3))
+
+def test_new(bench):
+    bench.record(fake("new", 0.7e-3))
+"""
+
+
+def _baseline(path):
+    R.write_results(path, [R.Record("old::" + label, fake(label, 1e-3))
+                           for label in ("slower", "within", "faster", "gone")], {"hostname": "old"})
+
+
+def test_json_written_for_the_session(pytester, no_gpu):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_fake=FAKE_TESTS)
+    out = pytester.path / "results" / "run.json"
+    result = pytester.runpytest_subprocess(*PLUGIN, "--gpu-benchmark-json", str(out))
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines([
+        "*= cudalab gpu_benchmark =*",
+        "benchmark*median*IQR*rate",
+        "slower*1.5 ms*2 GB/s",
+        "within*1.05 ms*1.905 TFLOP/s",
+        "faster*500 us*",
+        "new*700 us*",
+        f"results written to {out}",
+    ])
+    data = json.loads(out.read_text())
+    assert data["schema"] == R.RESULTS_SCHEMA
+    assert data["machine"]["hostname"] == socket.gethostname()
+    assert data["machine"]["cuda"]["available"] is False and data["machine"]["devices"] == []
+    records = R.read_results(out)
+    assert [r.nodeid for r in records] == [f"test_fake.py::test_{n}" for n in ("slower", "within", "faster", "new")]
+    assert [r.measurement.median for r in records] == pytest.approx([1.5e-3, 1.05e-3, 0.5e-3, 0.7e-3])
+    assert all(b["comparison"] is None for b in data["benchmarks"])
+
+
+def test_compare_fails_only_the_regressed_test(pytester, no_gpu):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_fake=FAKE_TESTS)
+    _baseline(pytester.path / "base.json")
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess(
+        *PLUGIN, "--gpu-benchmark-compare", "base.json", "--gpu-benchmark-compare-fail", "10%",
+        "--gpu-benchmark-json", str(out),
+    )
+    result.assert_outcomes(failed=1, passed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "*_ test_slower _*",
+        ("test_fake.py:8: cudalab benchmark regression: slower: median 1.5 ms vs baseline 1 ms "
+         "(+50.0%), more than the allowed +10%"),
+        "(baseline: base.json; --gpu-benchmark-compare-fail 10%)",
+    ])
+    result.stdout.fnmatch_lines([
+        "*= cudalab gpu_benchmark =*",
+        "benchmark*vs baseline",
+        "slower*1 ms -> +50.0% REGRESSION (> +10%)",
+        "within*1 ms -> +5.0%",
+        "faster*1 ms -> -50.0%",
+        "new*no baseline",
+        ("compared with base.json (fail above +10%): 1 regression(s), 1 without a baseline, "
+         "1 baseline entry not measured in this run"),
+        "FAILED test_fake.py::test_slower - Failed: test_fake.py:8: cudalab benchmark*",
+    ])
+    statuses = {b["measurement"]["label"]: b["comparison"]["status"] for b in json.loads(out.read_text())["benchmarks"]}
+    assert statuses == {"slower": "regression", "within": "slower", "faster": "faster", "new": "missing"}
+
+
+def test_compare_with_a_generous_threshold_passes(pytester, no_gpu):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_fake=FAKE_TESTS)
+    _baseline(pytester.path / "base.json")
+    result = pytester.runpytest_subprocess(
+        *PLUGIN, "--gpu-benchmark-compare", "base.json", "--gpu-benchmark-compare-fail", "0.6",
+    )
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["slower*1 ms -> +50.0%", "compared with base.json (fail above +60%): 0 regression(s)*"])
+
+
+def test_compare_without_threshold_only_reports(pytester, no_gpu):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_fake=FAKE_TESTS)
+    _baseline(pytester.path / "base.json")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--gpu-benchmark-compare", "base.json")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["slower*1 ms -> +50.0%", "compared with base.json (report only)*"])
+    result.stdout.no_fnmatch_line("*REGRESSION*")
+
+
+def test_regressed_test_that_fails_itself_keeps_its_own_failure(pytester, no_gpu):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_fake=FAKE_TESTS.replace(
+        "    assert len(bench.measurements) == 1", "    assert False, 'the result is wrong'"))
+    _baseline(pytester.path / "base.json")
+    result = pytester.runpytest_subprocess(
+        *PLUGIN, "--gpu-benchmark-compare", "base.json", "--gpu-benchmark-compare-fail", "10%")
+    result.assert_outcomes(failed=1, passed=3)
+    result.stdout.fnmatch_lines(["*AssertionError: the result is wrong*", "slower*REGRESSION*"])
+
+
+FIXTURE_MISUSE = """
+import pytest
+from cudalab.bench import Measurement
+
+def m(label, **fields):
+    return Measurement(label=label, times=[1e-3] * 4, **fields)
+
+def test_unknown_option(bench):
+    with pytest.raises(TypeError, match=r"gpu_benchmark\\(\\) got unexpected keyword argument\\(s\\) 'bogus'"):
+        bench(lambda: None, bogus=1)
+
+def test_record_needs_a_measurement(bench):
+    with pytest.raises(TypeError, match="expected a cudalab.bench.Measurement, got dict"):
+        bench.record({"label": "x"})
+
+def test_same_key_twice_in_a_test(bench):
+    bench.record(m("twice"))
+    bench.record(m("twice", sub_label="other"))
+    with pytest.raises(ValueError, match="this test already measured"):
+        bench.record(m("twice"))
+    with pytest.raises(ValueError, match="this test already measured"):
+        bench(lambda: None, label="twice")
+
+def test_key_of_another_test(bench):
+    with pytest.raises(ValueError, match="already recorded by test_misuse.py::test_same_key_twice_in_a_test"):
+        bench(lambda: None, label="twice", sub_label="other")
+"""
+
+
+def test_fixture_argument_errors(pytester, no_gpu):
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_misuse=FIXTURE_MISUSE)
+    result = pytester.runpytest_subprocess(*PLUGIN)
+    result.assert_outcomes(passed=4)
+
+
+def test_no_summary_without_benchmarks(pytester):
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess(*PLUGIN)
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*cudalab gpu_benchmark*")
+
+
+def test_empty_json_when_nothing_was_measured(pytester, no_gpu):
+    # The path is taken when pytest starts: a test that changes directory does not move it.
+    pytester.makepyfile(test_ok="import os\n\ndef test_ok(tmp_path):\n    os.chdir(tmp_path)\n")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--gpu-benchmark-json", "r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "no gpu_benchmark measurements in this session",
+        f"results written to {pytester.path / 'r.json'}",
+    ])
+    assert R.read_results(pytester.path / "r.json") == []
+
+def test_readme_plugin_example_skips_without_gpu(pytester, no_gpu):
+    pytester.makepyfile(test_readme_example=readme_plugin_example())
+    result = pytester.runpytest_subprocess(*PLUGIN, "--strict-markers")
+    result.assert_outcomes(skipped=1)
+
+
+def test_project_suite_loads_the_plugin_without_autoload(monkeypatch):
+    # tests/conftest.py registers the plugin itself when the entry point was not loaded.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--strict-markers", "--markers"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert GPU_MARKER_LINE in done.stdout
+    assert "--gpu-benchmark-json" in subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    ).stdout
