@@ -90,7 +90,10 @@ def _nvml_clocks(device: int) -> dict[str, Any] | None:
         from .. import _nvml
     except ImportError:
         return None
-    live = _nvml.sample(device)
+    try:
+        live = _nvml.sample(device)
+    except Exception:  # a failing NVML must not fail a measurement; clocks are extra
+        return None
     if not live:
         return None
     return {"sm_mhz": live.get("sm_clock_mhz"), "memory_mhz": live.get("memory_clock_mhz")}
