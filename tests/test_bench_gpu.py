@@ -108,3 +108,14 @@ def test_measure_times_torch_work_on_the_shared_default_stream():
     # A 4096^3 fp32 GEMM takes well over a millisecond on any current GPU at
     # fp32 rates; an untimed (empty) measurement would be microseconds.
     assert m.median > 1e-4 and m.tflops < 200
+
+
+def test_measure_leaves_memory_as_it_found_it(memory_baseline, rng):
+    x = cudalab.asarray(rng.standard_normal(100_003).astype(np.float32))
+    before = cudalab.memory_allocated()
+    measure(cudalab.sum, x, flush_l2=True, min_run_time=0.02)
+    import gc
+
+    gc.collect()
+    cudalab.synchronize()
+    assert cudalab.memory_allocated() == before  # the L2-flush buffer was given back

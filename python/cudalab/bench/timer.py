@@ -56,9 +56,6 @@ HOLD_RATIO = 4.0
 # Unheld repeats used to estimate the launch gap.
 UNHELD_REPEATS = 5
 
-_flush_buffers: dict[int, Any] = {}
-
-
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"measure() argument '{name}': expected a number, got {type(value).__name__}")
@@ -76,12 +73,8 @@ def _check_count(name: str, value: int) -> int:
     return value
 
 
-def _flush_l2(device: int, l2_bytes: int) -> None:
-    """Overwrite a buffer of twice the L2 size (read + write), evicting the L2."""
-    buffer = _flush_buffers.get(device)
-    if buffer is None:
-        buffer = _core.zeros(max(2 * l2_bytes, 1 << 22), dtype="uint8")
-        _flush_buffers[device] = buffer
+def _flush_l2(buffer: Any) -> None:
+    """Overwrite `buffer` (read + write), evicting whatever the L2 held."""
     _core.add(buffer, 1, out=buffer)
 
 
@@ -134,7 +127,10 @@ class _Runner:
         props = get_device_properties(device)
         self.props = props
         self.clock_hz = props.clock_rate_khz * 1e3
-        self.l2_bytes = props.l2_cache_size
+        # Twice the L2, allocated per measurement (the pool caches it), so a
+        # measurement leaves memory_allocated() as it found it.
+        self.flush_buffer = (_core.zeros(max(2 * props.l2_cache_size, 1 << 22), dtype="uint8")
+                             if flush_l2 else None)
 
     def call(self) -> Any:
         return self.fn(*self.args)
@@ -143,7 +139,7 @@ class _Runner:
         """(GPU seconds, host seconds) of one call."""
         start, end = _core.Event(), _core.Event()
         if self.flush:
-            _flush_l2(self.device, self.l2_bytes)
+            _flush_l2(self.flush_buffer)
         start.record()
         t0 = time.perf_counter()
         self.call()
@@ -162,7 +158,7 @@ class _Runner:
             if spin_cycles:
                 _core._spin(spin_cycles)
             if self.flush:
-                _flush_l2(self.device, self.l2_bytes)
+                _flush_l2(self.flush_buffer)
             start.record()
             t0 = time.perf_counter()
             for _ in range(calls):

@@ -1,0 +1,100 @@
+"""Validate the measurement layer against references that do not depend on it.
+
+1. Timer accuracy: a kernel spinning a known number of SM clock cycles must
+   take cycles / clock seconds. The clock is NVML's SM clock read right after
+   the measurement (the spin runs at the clock the GPU holds then).
+2. Profiler consistency: the GPU times the profiler gives the three ops of a
+   script (matmul, add, sum on 4096 x 4096 float32) must add up to the time
+   CUDA events measure around the whole script.
+
+Writes benchmarks/results/measurement_validation_<device>.json and prints a
+summary. Usage: python benchmarks/validate_measurement.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import cudalab as cl
+from cudalab import _core, _nvml
+from cudalab.bench import measure
+
+
+def sm_clock_hz() -> float:
+    live = _nvml.sample(cl.current_device())
+    if live and live.get("sm_clock_mhz"):
+        return live["sm_clock_mhz"] * 1e6
+    return cl.get_device_properties().clock_rate_khz * 1e3
+
+
+def timer_accuracy() -> list[dict]:
+    rows = []
+    for target in (20e-6, 200e-6, 2e-3, 20e-3):
+        cycles = int(target * sm_clock_hz())
+        m = measure(_core._spin, cycles, label="spin", min_run_time=0.1)
+        clock = sm_clock_hz()
+        expected = cycles / clock
+        rows.append({"cycles": cycles, "sm_clock_mhz": clock / 1e6, "expected_s": expected,
+                     "median_s": m.median, "error_pct": 100 * (m.median / expected - 1),
+                     "relative_iqr": m.relative_iqr, "calls_per_repeat": m.number_per_run,
+                     "held": m.held, "repeats": m.repeats})
+    return rows
+
+
+def profiler_consistency() -> dict:
+    n = 4096
+    a = cl.random.normal((n, n), dtype="float32", seed=1)
+
+    def script():
+        c = cl.matmul(a, a)
+        d = c + a
+        return cl.sum(d)
+
+    for _ in range(3):
+        script()
+    cl.synchronize()
+    results = []
+    for _ in range(5):
+        start, end = cl.Event(), cl.Event()
+        with cl.profiler.profile() as prof:
+            start.record()
+            script()
+            end.record()
+        total_ms = start.elapsed_time(end)
+        ops = [(e.name, e.gpu_duration_ns / 1e6) for e in prof.events() if e.kind == "op"]
+        op_ms = sum(ms for _, ms in ops)
+        results.append({"ops": ops, "sum_of_op_gpu_ms": op_ms, "event_total_ms": total_ms,
+                        "ratio": op_ms / total_ms})
+    return {"runs": results, "median_ratio": statistics.median(r["ratio"] for r in results),
+            "table": prof.key_averages().table(sort_by="gpu_time_total", row_limit=10)}
+
+
+def main() -> int:
+    if not cl.is_available():
+        print("validate_measurement: no CUDA device is available", file=sys.stderr)
+        return 1
+    props = cl.get_device_properties()
+    with _nvml.session():
+        timer = timer_accuracy()
+    profile = profiler_consistency()
+    for r in timer:
+        print(f"spin {r['cycles']:>10} cycles @ {r['sm_clock_mhz']:.0f} MHz: expected "
+              f"{r['expected_s'] * 1e6:9.2f} us, measured {r['median_s'] * 1e6:9.2f} us "
+              f"({r['error_pct']:+.2f}%), {r['calls_per_repeat']} call(s)/repeat, held={r['held']}")
+    print(profile["table"])
+    for r in profile["runs"]:
+        print(f"profile: ops {', '.join(f'{n} {ms:.3f} ms' for n, ms in r['ops'])}; sum "
+              f"{r['sum_of_op_gpu_ms']:.3f} ms vs events {r['event_total_ms']:.3f} ms "
+              f"(ratio {r['ratio']:.4f})")
+    out = Path(__file__).parent / "results" / f"measurement_validation_{props.name.replace(' ', '_')}.json"
+    out.write_text(json.dumps({"device": props.name, "command": "python benchmarks/validate_measurement.py",
+                               "timer_accuracy": timer, "profiler_consistency": profile}, indent=2) + "\n")
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
