@@ -10,8 +10,8 @@ How a measurement runs (all on the current stream, or `stream`):
    enough back-to-back calls for a ~200 us repeat, so event resolution
    (~0.5 us) stays under 1%. With `flush_l2` every repeat is one cold call.
 4. Repeats: [spin] [L2 flush] event, calls, event, enqueued in rounds of
-   ~20 ms, each round enqueued before the previous one is read, so the GPU
-   never drains (an idle GPU cools down and clocks up: a power-capped GEMM
+   ~20 ms; for unheld calls each round is enqueued before the previous one
+   is read, so the GPU never drains (an idle GPU cools down and clocks up: a power-capped GEMM
    looks faster with gaps than it runs back to back; on an H200 the fp16
    GEMM clock settles from 1980 MHz to ~1400 MHz within ~0.2 s of load).
    The spin is a one-thread kernel (cuda/timing.cu) put before each repeat
@@ -35,6 +35,7 @@ b))` times torch's kernel the same way.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any, Callable
 
@@ -46,7 +47,9 @@ __all__ = ["measure"]
 
 # A repeat of short calls aims at this much GPU time (event resolution ~0.5 us).
 TARGET_REPEAT_S = 200e-6
-MAX_CALLS_PER_REPEAT = 1000
+MAX_CALLS_PER_REPEAT = 256
+# Launches per held round (well under CUDA's queue of pending launches).
+HELD_ROUND_LAUNCHES = 512
 # Rounds of repeats between reads of the events (keeps the GPU fed).
 ROUND_S = 0.02
 # Calls are held behind a spin kernel when their GPU time is under this many
@@ -269,16 +272,21 @@ def _measure(
         held = hold and gpu_probe < HOLD_RATIO * host_probe
         host_per_call = host_probe
 
-        # 4-5. timed rounds, double-buffered: round i+1 is enqueued before
-        # round i is read, so the GPU never drains between rounds (an idle GPU
-        # cools down and clocks up: a power-capped kernel would look faster
-        # than it runs back to back).
+        # 4-5. timed rounds. Unheld rounds are double-buffered: round i+1 is
+        # enqueued before round i is read, so the GPU never drains between
+        # rounds (an idle GPU cools down and clocks up: a power-capped kernel
+        # would look faster than it runs back to back). Held rounds are not:
+        # each repeat's spin outlasts its enqueueing, so the GPU is slower than
+        # the host there, and queueing ahead would fill CUDA's launch queue and
+        # block the host inside a timed repeat. They are also kept short
+        # (<= HELD_ROUND_LAUNCHES launches) for the same reason.
         times: list[float] = []
         host_times: list[float] = []
         repeat_s = max(gpu_probe * calls, host_probe * calls, 1e-6)
         round_size = max(1, min(100, int(ROUND_S / repeat_s)))
+        if held:
+            round_size = max(1, min(round_size, HELD_ROUND_LAUNCHES // (calls + 3)))
         t_begin = time.perf_counter()
-        stop_reason = "time_budget"
 
         def enqueue(queued: int) -> _Round | None:
             if queued >= max_repeats:
@@ -286,30 +294,35 @@ def _measure(
             spin = runner.spin_cycles_for(host_per_call, calls) if held else 0
             return runner.enqueue(min(round_size, max_repeats - queued), calls, spin)
 
-        pending = enqueue(0)
-        while pending is not None:
-            following = enqueue(len(times) + pending.count)
-            new_times, new_host = runner.collect(pending)
-            times += new_times
-            host_times += new_host
-            host_per_call = max(host_per_call, max(new_host))
-            pending = following
+        def stop_reason_now() -> str | None:
             elapsed = time.perf_counter() - t_begin
             if progress is not None:
                 progress(min(1.0, max(len(times) / max_repeats, elapsed / max_run_time,
                                       0.9 * min(1.0, elapsed / min_run_time))))
-            if pending is None:
-                stop_reason = "max_repeats"
-            elif (elapsed >= min_run_time and len(times) >= min_repeats
+            if len(times) >= max_repeats:
+                return "max_repeats"
+            if (elapsed >= min_run_time and len(times) >= min_repeats
                     and _relative_iqr(times) <= noise_threshold):
-                stop_reason = "converged"
-            elif not (elapsed >= max_run_time and len(times) >= min(min_repeats, 4)):
-                continue
-            if pending is not None:  # already enqueued: valid repeats, keep them
-                new_times, new_host = runner.collect(pending)
-                times += new_times
-                host_times += new_host
-            break
+                return "converged"
+            if elapsed >= max_run_time and len(times) >= min(min_repeats, 4):
+                return "time_budget"
+            return None
+
+        pending = enqueue(0)
+        while True:
+            following = None if held else enqueue(len(times) + pending.count)
+            new_times, new_host = runner.collect(pending)
+            times += new_times
+            host_times += new_host
+            host_per_call = max(host_per_call, statistics.median(new_host))
+            stop_reason = stop_reason_now()
+            if stop_reason is not None:
+                if following is not None:  # already enqueued: valid repeats, keep them
+                    new_times, new_host = runner.collect(following)
+                    times += new_times
+                    host_times += new_host
+                break
+            pending = following if not held else enqueue(len(times))
 
         # 6. launch gap: the same repeats without the hold
         launch_gap = None
