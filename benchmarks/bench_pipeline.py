@@ -6,22 +6,31 @@ device-to-host copy of a third run at the same time (separate copy engines
 and the SMs), so the pipeline approaches the time of its slowest stage
 instead of the sum of all three.
 
+Timing: the host clock around each whole pipeline (benchlib.host_clock),
+which returns once every stream has finished, the variants interleaved in
+rounds after a 0.25 s warm-up each. Not `cudalab.bench.measure`: its CUDA
+events go on one stream (the legacy default stream) and the pipeline runs on
+streams of its own, which are non-blocking and so do not order with events
+there; the span that matters is the host's, from the first copy enqueued to
+the last one done.
+
 ``run(quick)`` returns result rows; ``pipeline(...)`` is the work itself and
-is also what tests/test_pipeline_gpu.py checks for correctness.
+is also what tests/test_pipeline_gpu.py checks for correctness (it needs
+nothing but cudalab and NumPy).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import median_iqr  # noqa: E402
+from benchlib import host_clock, host_measurement, main, require_gpu, row  # noqa: E402
 
 MIB = 1 << 20
+TIMER = "host clock around the whole pipeline (it returns synchronized)"
 
 
 def pipeline(cl, streams, host_in: np.ndarray, host_out: np.ndarray, chunks: int) -> None:
@@ -45,6 +54,7 @@ def pipeline(cl, streams, host_in: np.ndarray, host_out: np.ndarray, chunks: int
 
 
 def run(quick: bool = False) -> list[dict]:
+    require_gpu("bench_pipeline")
     import cudalab as cl
 
     total = (64 if quick else 512) * MIB
@@ -57,31 +67,19 @@ def run(quick: bool = False) -> list[dict]:
         "1 stream (serialized)": [cl.Stream()],
         "3 streams (pipelined)": [cl.Stream() for _ in range(3)],
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for name, streams in variants.items():  # warm-up: pool, handles, module load
-        pipeline(cl, streams, host_in, host_out, chunks)
-    for _ in range(5 if quick else 10):  # interleaved, so drift hits both alike
-        for name, streams in variants.items():
-            cl.synchronize()
-            t0 = time.perf_counter()
-            pipeline(cl, streams, host_in, host_out, chunks)
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    rows = []
-    serial_ms = median_iqr(times["1 stream (serialized)"])[0]
-    for name, samples in times.items():
-        median, iqr = median_iqr(samples)
-        rows.append({
-            "op": "pipeline_h2d_compute_d2h", "impl": "cudalab", "variant": name,
-            "shape": [n], "dtype": "float32", "chunks": chunks,
-            "median_ms": median, "iqr_ms": iqr, "repeats": len(samples),
-            "bytes": 2 * total, "gb_per_s": 2 * total / (median * 1e-3) / 1e9,
-            "speedup_vs_serialized": serial_ms / median,
-            "timer": "host wall clock around the whole pipeline (it ends synchronized)",
-        })
-    return rows
+    cases = {name: (lambda streams=streams: pipeline(cl, streams, host_in, host_out, chunks))
+             for name, streams in variants.items()}
+    times = host_clock(cases, 5 if quick else 10)
+    measurements = {
+        name: host_measurement(samples, calls=1, label="pipeline_h2d_compute_d2h",
+                               sub_label=name, description="cudalab", bytes=2 * total,
+                               host_time=False, timer=TIMER, metadata={"chunks": chunks})
+        for name, samples in times.items()
+    }
+    serial = measurements["1 stream (serialized)"].median
+    return [row(m, [n], "float32", chunks=chunks, speedup_vs_serialized=serial / m.median)
+            for m in measurements.values()]
 
 
 if __name__ == "__main__":
-    for row in run(quick="--quick" in sys.argv[1:]):
-        print(f"{row['variant']:<24} {row['median_ms']:8.2f} ms  {row['gb_per_s']:6.1f} GB/s  "
-              f"x{row['speedup_vs_serialized']:.2f}")
+    sys.exit(main(run))

@@ -1,9 +1,11 @@
 """Profiler overhead: dispatch time of a small op with cudalab.profiler off and on.
 
-* ``add_inplace_dispatch``: host wall time per in-place add of 1,024 float32
+* ``add_inplace_dispatch``: host time per in-place add of 1,024 float32
   (``x += y``) issued 10,000 times from Python with one synchronize at the end,
-  as in bench_streams.py, median and IQR over repeats. Variants, interleaved
-  in rounds so that clock drift hits all of them alike:
+  measured as in bench_streams.py (benchlib.host_clock: 0.25 s warm-up per
+  variant, then the host clock around each loop), median and IQR over
+  repeats. Variants, interleaved in rounds so that clock drift hits all of
+  them alike:
 
   - ``profiler off``: the normal case (no profile, NVTX off): each op tests
     one C flag. Compare with bench_streams.py's ``add_inplace_dispatch``
@@ -15,109 +17,88 @@
     not in the timed loop; ``exit_ms`` reports it per profile.
 
 ``run(quick)`` returns one dict per variant with median_ms/iqr_ms (ms per op),
-``us_per_op`` and ``overhead_us_per_op`` (against ``profiler off``); it imports
-without a GPU (and then returns no rows).
+``us_per_op`` and ``overhead_us_per_op`` (against ``profiler off``) and the
+rest of benchlib.row's keys; a GPU is needed.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-from timing import median_iqr  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import host_clock, host_measurement, main, require_gpu, row  # noqa: E402
 
 N = 1024
 ITERS = 10_000
-
-
-def _row(variant: str, per_op_ms: list[float], **extra: Any) -> dict[str, Any]:
-    median, iqr = median_iqr(per_op_ms)
-    return {
-        "op": "add_inplace_dispatch",
-        "impl": "cudalab",
-        "variant": variant,
-        "shape": [N],
-        "dtype": "float32",
-        "median_ms": median,
-        "iqr_ms": iqr,
-        "us_per_op": median * 1e3,
-        "repeats": len(per_op_ms),
-        "iters": ITERS,
-        "timer": "host wall",
-        **extra,
-    }
+TIMER = "host clock around the calls + one synchronize"
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
+    require_gpu("bench_profiler")
+    import statistics
+
     import numpy as np
 
     import cudalab as cl
     from cudalab import _core
 
-    if not cl.is_available():
-        return []
     repeats = 5 if quick else 20
     x_h = np.random.default_rng(1).standard_normal(N, dtype=np.float32)
     x, y = cl.asarray(x_h), cl.asarray(x_h)
 
-    def loop(n: int) -> None:
+    def loop() -> None:
         a, b = x, y
-        for _ in range(n):
+        for _ in range(ITERS):
             a += b
-
-    def per_op_ms() -> float:
         cl.synchronize()
-        t0 = time.perf_counter()
-        loop(ITERS)
-        cl.synchronize()
-        return (time.perf_counter() - t0) * 1e3 / ITERS
 
-    nvtx_at_start = _core._nvtx_set_enabled(False)
-    samples: dict[str, list[float]] = {"profiler off": [], "nvtx on": [], "profiler on": []}
-    exit_ms: list[float] = []
+    exit_s: list[float] = []
 
-    def profiled() -> float:
+    def profiled() -> None:
         prof = cl.profiler.profile()
         with prof:
-            ms = per_op_ms()
+            loop()
             t0 = time.perf_counter()
-        exit_ms.append((time.perf_counter() - t0) * 1e3)
+        exit_s.append(time.perf_counter() - t0)
         assert len(prof.events()) == ITERS
-        return ms
 
-    def with_nvtx() -> float:
+    def with_nvtx() -> None:
         _core._nvtx_set_enabled(True)
         try:
-            return per_op_ms()
+            loop()
         finally:
             _core._nvtx_set_enabled(False)
 
-    variants: dict[str, Callable[[], float]] = {
-        "profiler off": per_op_ms,
+    variants: dict[str, Callable[[], None]] = {
+        "profiler off": loop,
         "nvtx on": with_nvtx,
         "profiler on": profiled,
     }
+    nvtx_at_start = _core._nvtx_set_enabled(False)
     try:
-        loop(200)  # warm-up, and one profile to fill the profiler's event pool
-        profiled()
-        exit_ms.clear()
-        for _ in range(repeats):
-            for name, fn in variants.items():
-                samples[name].append(fn())
+        times = host_clock(variants, repeats)
     finally:
         _core._nvtx_set_enabled(nvtx_at_start)
+    exit_s = exit_s[-repeats:]  # the timed profiles only, not the warm-up's
 
-    off, _ = median_iqr(samples["profiler off"])
+    measurements = {
+        name: host_measurement(samples, calls=ITERS, label="add_inplace_dispatch",
+                               sub_label=name, description="cudalab", timer=TIMER)
+        for name, samples in times.items()
+    }
+    off = measurements["profiler off"].median
     rows = []
-    for name, values in samples.items():
-        extra: dict[str, Any] = {"overhead_us_per_op": (median_iqr(values)[0] - off) * 1e3}
+    for name, m in measurements.items():
+        extra: dict[str, Any] = {"us_per_op": m.median * 1e6, "iters": ITERS,
+                                 "overhead_us_per_op": (m.median - off) * 1e6}
         if name == "profiler on":
-            extra["exit_ms"] = median_iqr(exit_ms)[0]
-        rows.append(_row(name, values, **extra))
+            extra["exit_ms"] = statistics.median(exit_s) * 1e3
+        rows.append(row(m, [N], "float32", **extra))
     return rows
 
 
 if __name__ == "__main__":
-    import json
-
-    print(json.dumps(run(quick=True), indent=1))
+    sys.exit(main(run))

@@ -6,101 +6,84 @@
 * ``sum_axis0`` -- sum over axis 0 of a (16384, 16384) float32 matrix (quick: 4096^2),
   the strided-axis kernel (threads over columns)
 * ``sum_axis1`` -- sum over axis 1 of the same matrix, the contiguous-row kernel
-* ``d2d_copy``  -- torch's device-to-device copy of the 1 GiB vector, the ceiling the
-  issue measures against (bytes read + written)
 
 GB/s counts the bytes read plus the bytes written (the result is tiny next to
-the input, so this is essentially the 1 GiB read). Timing uses
-``torch.cuda.Event`` on the default stream, which is also the stream cudalab
-enqueues on, after a warm-up; without torch it falls back to wall-clock time
-around ``cudalab.synchronize()``. Each figure is the median of >= 20 repeats,
-with the interquartile range. Arrays are filled with a non-zero constant on the
-device (values don't change the timing of a sum).
+the input, so this is essentially the 1 GiB read); "% ceiling" is against the
+measured device-to-device copy (`cudalab.bench.ceiling("copy")`, bytes read +
+written). Times come from `cudalab.bench.measure` with the same settings for
+both libraries (benchlib.measure_settings), each cudalab case right before its
+torch twin. Arrays are filled with a non-zero constant on the device (values
+don't change the timing of a sum). torch is optional (its rows are skipped
+without it), a GPU is not.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from pathlib import Path
 
 import numpy as np
 
-import cudalab
-from timing import median_iqr, times_ms  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import main, measure_settings, require_gpu, row, torch_cuda  # noqa: E402
 
-try:  # torch is optional: only needed for the comparison rows and events
-    import torch
-except Exception:  # pragma: no cover - no torch on this machine
-    torch = None
+VALUE = 1.0009765625  # exactly representable, never zero
 
 
-def _have_torch_cuda() -> bool:
-    return torch is not None and torch.cuda.is_available()
+def _sum_all(cudalab, torch, settings: dict, n: int) -> list[dict]:
+    from cudalab.bench import measure
 
-
-def _time_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> tuple[float, float]:
-    """Median and IQR (ms) of `reps` timed calls of fn, each bracketed by events."""
-    return median_iqr(times_ms(fn, warmup, reps))
-
-
-def _row(op: str, impl: str, shape, nbytes: int, ms: float, iqr: float) -> dict:
-    return {
-        "op": op,
-        "impl": impl,
-        "shape": list(shape),
-        "dtype": "float32",
-        "median_ms": ms,
-        "iqr_ms": iqr,
-        "gb_per_s": nbytes / (ms * 1e-3) / 1e9,
-        "bytes": nbytes,
-    }
-
-
-def run(quick: bool = False) -> list[dict]:
-    if not cudalab.is_available():
-        return []
-    reps = 20 if quick else 50
-    rows: list[dict] = []
-    n = (64 << 20) // 4 if quick else (1 << 30) // 4
-    side = 4096 if quick else 16384
-    value = 1.0009765625  # exactly representable, never zero
-
-    # ---- sum over everything -------------------------------------------------
-    x = cudalab.full((n,), value, dtype=np.float32)
     nbytes = n * 4 + 4
-    ms, iqr = _time_ms(lambda: cudalab.sum(x), reps)
-    rows.append(_row("sum_all", "cudalab", (n,), nbytes, ms, iqr))
-    del x
-    if _have_torch_cuda():
-        t = torch.full((n,), value, dtype=torch.float32, device="cuda")
-        ms, iqr = _time_ms(lambda: torch.sum(t), reps)
-        rows.append(_row("sum_all", "torch", (n,), nbytes, ms, iqr))
-        dst = torch.empty_like(t)
-        ms, iqr = _time_ms(lambda: dst.copy_(t), reps)
-        rows.append(_row("d2d_copy", "torch", (n,), 2 * n * 4, ms, iqr))
-        del t, dst
-        torch.cuda.empty_cache()
-
-    # ---- sum over one axis of a square matrix ----------------------------------
-    m = cudalab.full((side, side), value, dtype=np.float32)
-    nbytes = side * side * 4 + side * 4
-    for axis in (0, 1):
-        ms, iqr = _time_ms(lambda: cudalab.sum(m, axis=axis), reps)
-        rows.append(_row(f"sum_axis{axis}", "cudalab", (side, side), nbytes, ms, iqr))
-    del m
-    cudalab.empty_cache()
-    if _have_torch_cuda():
-        tm = torch.full((side, side), value, dtype=torch.float32, device="cuda")
-        for axis in (0, 1):
-            ms, iqr = _time_ms(lambda: torch.sum(tm, dim=axis), reps)
-            rows.append(_row(f"sum_axis{axis}", "torch", (side, side), nbytes, ms, iqr))
-        del tm
-        torch.cuda.empty_cache()
+    x = cudalab.full((n,), VALUE, dtype=np.float32)
+    rows = [row(measure(lambda: cudalab.sum(x), bytes=nbytes, ceiling="copy",
+                        label="sum_all", description="cudalab", **settings), (n,), "float32")]
+    if torch is not None:
+        t = torch.full((n,), VALUE, dtype=torch.float32, device="cuda")
+        rows.append(row(measure(lambda: torch.sum(t), bytes=nbytes, ceiling="copy",
+                                label="sum_all", description="torch", **settings),
+                        (n,), "float32"))
     return rows
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use on a GPU machine
-    import json
-    import sys
+def _sum_axis(cudalab, torch, settings: dict, side: int) -> list[dict]:
+    from cudalab.bench import measure
 
-    for r in run(quick="--quick" in sys.argv):
-        print(json.dumps(r))
+    nbytes = side * side * 4 + side * 4
+    mat = cudalab.full((side, side), VALUE, dtype=np.float32)
+    tmat = None
+    if torch is not None:
+        tmat = torch.full((side, side), VALUE, dtype=torch.float32, device="cuda")
+    rows = []
+    for axis in (0, 1):
+        m = measure(lambda: cudalab.sum(mat, axis=axis), bytes=nbytes, ceiling="copy",
+                    label=f"sum_axis{axis}", description="cudalab", **settings)
+        rows.append(row(m, (side, side), "float32"))
+        if tmat is not None:
+            m = measure(lambda: torch.sum(tmat, dim=axis), bytes=nbytes, ceiling="copy",
+                        label=f"sum_axis{axis}", description="torch", **settings)
+            rows.append(row(m, (side, side), "float32"))
+    return rows
+
+
+def _release(cudalab, torch) -> None:
+    cudalab.synchronize()
+    cudalab.empty_cache()
+    if torch is not None:
+        torch.cuda.empty_cache()
+
+
+def run(quick: bool = False) -> list[dict]:
+    require_gpu("bench_reduce")
+    import cudalab
+
+    torch = torch_cuda()
+    settings = measure_settings(quick)
+    rows = _sum_all(cudalab, torch, settings, (64 << 20) // 4 if quick else (1 << 30) // 4)
+    _release(cudalab, torch)
+    rows += _sum_axis(cudalab, torch, settings, 4096 if quick else 16384)
+    _release(cudalab, torch)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main(run))

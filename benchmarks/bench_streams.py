@@ -2,49 +2,44 @@
 
 * ``graph_100_elementwise``: a graph of 100 small in-place elementwise ops
   (``y += x`` / ``y *= 0.5`` alternating on 1,024 float32) replayed; reported
-  per op (median of repeats of one replay, GPU time from CUDA events). Beside
-  it the same 100 ops issued eagerly by cudalab, and torch's own CUDA graph of
-  the same ops (``torch.cuda.CUDAGraph``). Target: <= 1.5 us per op replayed.
-* ``add_inplace_dispatch``: host wall time per in-place add of 1,024 float32
+  per op. Beside it the same 100 ops issued eagerly by cudalab, and torch's
+  own CUDA graph of the same ops (``torch.cuda.CUDAGraph``) and its eager
+  loop. Target: <= 1.5 us per op replayed. GPU times from
+  `cudalab.bench.measure` (CUDA events on the legacy default stream, where
+  both libraries launch and replay). The eager rows are measured with
+  ``hold=False``: the point of the comparison is what the GPU sees when
+  Python issues the ops one by one, launch gaps included (with the hold,
+  the spin kernel would queue them up and hide exactly that). The graph rows
+  use measure()'s default, which does not hold calls this long anyway.
+* ``add_inplace_dispatch``: host time per in-place add of 1,024 float32
   issued 10,000 times from Python with one synchronize at the end: cudalab
-  ``x += y`` vs torch ``x.add_(y)`` vs CuPy ``x += y``. Median and IQR over
-  repeats of the whole loop.
+  ``x += y`` vs torch ``x.add_(y)`` vs CuPy ``x += y``, interleaved in rounds
+  (benchlib.host_clock). This is a host-side figure, so it is timed with the
+  host clock: everything from the first call until the GPU has finished,
+  per op. Each row also carries, from one `measure()` of a single add,
+  ``gpu_us_per_op`` (the GPU time of one add when adds run back to back) and
+  ``enqueue_us_per_op`` (measure()'s host enqueue time per call).
 
 ``run(quick)`` returns one dict per (op, impl) with median_ms/iqr_ms (ms per
-op), ``us_per_op`` and the usual keys; it imports without a GPU, torch or
-CuPy (missing ones are skipped).
+op), ``us_per_op`` and the usual keys; torch and CuPy are optional (their
+rows are skipped without them), a GPU is not.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+import sys
+from pathlib import Path
+from typing import Any
 
-from timing import median_iqr, times_ms  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import (host_clock, host_measurement, main, measure_settings,  # noqa: E402
+                      require_gpu, row, torch_cuda)
 
 N = 1024
 OPS = 100
-
-
-_quantiles = median_iqr
-
-
-def _row(op: str, impl: str, per_op_ms: list[float], nbytes_per_op: int,
-         **extra: Any) -> dict[str, Any]:
-    median, iqr = _quantiles(per_op_ms)
-    return {
-        "op": op,
-        "impl": impl,
-        "shape": [N],
-        "dtype": "float32",
-        "median_ms": median,
-        "iqr_ms": iqr,
-        "us_per_op": median * 1e3,
-        "bytes": nbytes_per_op,
-        "gb_per_s": nbytes_per_op / (median / 1e3) / 1e9 if median > 0 else 0.0,
-        "repeats": len(per_op_ms),
-        **extra,
-    }
+ITERS = 10_000
+NBYTES_PER_OP = 3 * N * 4  # ~2 reads + 1 write per op (upper bound)
+DISPATCH_TIMER = "host clock around the calls + one synchronize"
 
 
 def _ops_cudalab(x: Any, y: Any) -> None:
@@ -63,39 +58,30 @@ def _ops_torch(x: Any, y: Any) -> None:
             y.mul_(0.5)
 
 
-def _gpu_times(cl: Any, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
-    """ms per call of fn, cudalab events on the current (legacy) stream."""
-    for _ in range(warmup):
-        fn()
-    cl.synchronize()
-    starts = [cl.Event() for _ in range(repeats)]
-    ends = [cl.Event() for _ in range(repeats)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    cl.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+def _bench_graph(cl: Any, torch: Any, np: Any, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    from cudalab.bench import measure
 
-
-def _bench_graph(cl: Any, torch: Any, np: Any, repeats: int) -> list[dict[str, Any]]:
     rows = []
-    nbytes = 3 * N * 4  # ~2 reads + 1 write per op (upper bound)
     rng = np.random.default_rng(0)
     x_h = rng.standard_normal(N, dtype=np.float32)
     x = cl.asarray(x_h)
     y = cl.asarray(x_h)
 
-    # Eager cudalab: 100 launches from Python, GPU time per op.
-    t = _gpu_times(cl, lambda: _ops_cudalab(x, y), 3, repeats)
-    rows.append(_row("graph_100_elementwise", "cudalab_eager", [v / OPS for v in t], nbytes))
+    def timed(fn, impl: str, hold: bool) -> Any:
+        return measure(fn, bytes=OPS * NBYTES_PER_OP, hold=hold,
+                       label="graph_100_elementwise", description=impl, **settings)
 
+    def per_op(m: Any, **extra: Any) -> dict[str, Any]:
+        r = row(m, [N], "float32", ops_per_call=OPS, **extra)
+        r["us_per_op"] = r["median_ms"] * 1e3
+        return r
+
+    # Eager cudalab: 100 launches from Python, as the GPU sees them.
+    rows.append(per_op(timed(lambda: _ops_cudalab(x, y), "cudalab_eager", hold=False)))
     g = cl.CUDAGraph()
     with cl.graph(g):
         _ops_cudalab(x, y)
-    t = _gpu_times(cl, g.replay, 5, repeats)
-    rows.append(_row("graph_100_elementwise", "cudalab", [v / OPS for v in t], nbytes,
-                     target_us_per_op=1.5))
+    rows.append(per_op(timed(g.replay, "cudalab", hold=True), target_us_per_op=1.5))
 
     if torch is not None:
         tx = torch.from_numpy(x_h).cuda()
@@ -108,98 +94,90 @@ def _bench_graph(cl: Any, torch: Any, np: Any, repeats: int) -> list[dict[str, A
         tg = torch.cuda.CUDAGraph()
         with torch.cuda.graph(tg):
             _ops_torch(tx, ty)
-
-        def torch_times(fn: Callable[[], Any]) -> list[float]:
-            return times_ms(fn, 5, repeats)  # torch's CUDA events
-
-        rows.append(_row("graph_100_elementwise", "torch",
-                         [v / OPS for v in torch_times(tg.replay)], nbytes))
-        rows.append(_row("graph_100_elementwise", "torch_eager",
-                         [v / OPS for v in torch_times(lambda: _ops_torch(tx, ty))], nbytes))
+        rows.append(per_op(timed(tg.replay, "torch", hold=True)))
+        rows.append(per_op(timed(lambda: _ops_torch(tx, ty), "torch_eager", hold=False)))
     return rows
 
 
-def _wall_per_op(loop: Callable[[int], Any], sync: Callable[[], Any], iters: int,
-                 repeats: int) -> list[float]:
-    loop(200)
-    sync()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        loop(iters)
-        sync()
-        out.append((time.perf_counter() - t0) * 1e3 / iters)
-    return out
+def _bench_dispatch(cl: Any, torch: Any, cupy: Any, np: Any, repeats: int,
+                    settings: dict[str, Any]) -> list[dict[str, Any]]:
+    from cudalab.bench import measure
 
-
-def _bench_dispatch(cl: Any, torch: Any, cupy: Any, np: Any, iters: int,
-                    repeats: int) -> list[dict[str, Any]]:
-    rows = []
-    nbytes = 3 * N * 4
     x_h = np.random.default_rng(1).standard_normal(N, dtype=np.float32)
+    loops, singles = {}, {}
 
     x, y = cl.asarray(x_h), cl.asarray(x_h)
 
-    def cl_loop(n: int) -> None:
-        a, b = x, y
-        for _ in range(n):
-            a += b
+    def cl_add() -> None:
+        nonlocal x
+        x += y
 
-    rows.append(_row("add_inplace_dispatch", "cudalab",
-                     _wall_per_op(cl_loop, cl.synchronize, iters, repeats), nbytes,
-                     iters=iters, timer="host wall"))
+    def cl_loop() -> None:
+        a, b = x, y
+        for _ in range(ITERS):
+            a += b
+        cl.synchronize()
+
+    loops["cudalab"], singles["cudalab"] = cl_loop, cl_add
     if torch is not None:
         tx, ty = torch.from_numpy(x_h).cuda(), torch.from_numpy(x_h).cuda()
 
-        def torch_loop(n: int) -> None:
+        def torch_loop() -> None:
             a, b = tx, ty
-            for _ in range(n):
+            for _ in range(ITERS):
                 a.add_(b)
+            torch.cuda.synchronize()
 
-        rows.append(_row("add_inplace_dispatch", "torch",
-                         _wall_per_op(torch_loop, torch.cuda.synchronize, iters, repeats),
-                         nbytes, iters=iters, timer="host wall"))
+        loops["torch"], singles["torch"] = torch_loop, lambda: tx.add_(ty)
     if cupy is not None:
         cx, cy = cupy.asarray(x_h), cupy.asarray(x_h)
+        sync = cupy.cuda.Device().synchronize
 
-        def cupy_loop(n: int) -> None:
+        def cupy_loop() -> None:
             a, b = cx, cy
-            for _ in range(n):
+            for _ in range(ITERS):
                 a += b
+            sync()
 
-        rows.append(_row("add_inplace_dispatch", "cupy",
-                         _wall_per_op(cupy_loop, cupy.cuda.Device().synchronize, iters,
-                                      repeats),
-                         nbytes, iters=iters, timer="host wall"))
+        def cupy_add() -> None:
+            nonlocal cx
+            cx += cy
+
+        loops["cupy"], singles["cupy"] = cupy_loop, cupy_add
+
+    rows = []
+    times = host_clock(loops, repeats, warmup=settings["warmup"])
+    for impl, samples in times.items():
+        m = host_measurement(samples, calls=ITERS, label="add_inplace_dispatch", description=impl,
+                             timer=DISPATCH_TIMER, bytes=NBYTES_PER_OP)
+        # One add under measure(): its GPU time back to back, and the host
+        # enqueue time per call that measure() records (a cross-check).
+        single = measure(singles[impl], bytes=NBYTES_PER_OP, ceiling=None,
+                         label="add_inplace", description=impl, **settings)
+        rows.append(row(m, [N], "float32", us_per_op=m.median * 1e6, iters=ITERS,
+                        gpu_us_per_op=single.median * 1e6,
+                        enqueue_us_per_op=single.host_time * 1e6,
+                        gpu_measurement_held=single.held))
     return rows
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
+    require_gpu("bench_streams")
     import numpy as np
 
     import cudalab as cl
 
-    if not cl.is_available():
-        return []
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            torch = None
-    except ImportError:
-        torch = None
+    torch = torch_cuda()
     try:
         import cupy
     except ImportError:
         cupy = None
 
-    repeats = 20 if quick else 50
-    rows = _bench_graph(cl, torch, np, repeats)
-    rows += _bench_dispatch(cl, torch, cupy, np, 10_000, 5 if quick else 20)
+    settings = measure_settings(quick)
+    rows = _bench_graph(cl, torch, np, settings)
+    rows += _bench_dispatch(cl, torch, cupy, np, 5 if quick else 20, settings)
     return rows
 
 
 if __name__ == "__main__":
-    import json
-
-    print(json.dumps(run(quick=True), indent=1))
+    sys.exit(main(run))

@@ -8,9 +8,17 @@ For a 256 MiB float32 buffer (64 MiB in quick mode):
   (and from pageable memory).
 * d2h: ``a.get(out=host, non_blocking=True)`` vs ``host.copy_(t, non_blocking=True)``.
 
-Timed with torch.cuda.Event on the legacy default stream, which both libraries
-use, so each event pair brackets exactly the copies issued between them.
-GB/s counts the bytes moved once (bytes = buffer size). Imports without a GPU.
+Times come from `cudalab.bench.measure` with the same settings for both
+libraries (benchlib.measure_settings), each cudalab case right before its
+torch twin, on the legacy default stream that both use. Pageable copies are
+synchronous, so they are measured with ``hold=False``: a spin kernel cannot
+queue anything ahead of a call that waits for the GPU, it would only add a
+wait. GB/s counts the bytes moved once (bytes = buffer size); "% ceiling" is
+against the measured pinned transfer in the same direction
+(`cudalab.bench.ceiling("h2d")` / ``("d2h")``, 256 MiB). "host_us" is the
+host time per call: a few microseconds for pinned non_blocking copies, the
+whole copy for pageable ones. torch is optional (its rows are skipped without
+it), a GPU is not.
 """
 
 from __future__ import annotations
@@ -21,61 +29,59 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import row, time_cuda  # noqa: E402
-
-import cudalab  # noqa: E402
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
+from benchlib import main, measure_settings, require_gpu, row, torch_cuda  # noqa: E402
 
 
 def run(quick: bool = False) -> list[dict]:
-    torch = _torch()
-    if torch is None or not cudalab.is_available():
-        return []  # events come from torch; nothing to time without both
-    reps = 20 if quick else 40
+    require_gpu("bench_transfer")
+    import cudalab
+    from cudalab.bench import measure
+
+    torch = torch_cuda()
+    settings = measure_settings(quick)
     nbytes = (64 if quick else 256) << 20
     n = nbytes // 4
     shape = (n,)
     rows: list[dict] = []
     values = np.random.default_rng(0).standard_normal(n).astype(np.float32) + 2.0
 
-    # ---- cudalab ----------------------------------------------------------
     pinned = cudalab.pinned_empty(shape, np.float32)
     pinned[:] = values
     pageable = values.copy()
     dev = cudalab.asarray(values)
-    for kind, host in (("pinned", pinned), ("pageable", pageable)):
-        t = time_cuda(lambda h=host: cudalab.asarray(h, non_blocking=True), repeats=reps)
-        rows.append(row("h2d", "cudalab", shape, "float32", t, bytes=nbytes, memory=kind))
-        t = time_cuda(lambda h=host: dev.get(out=h, non_blocking=True), repeats=reps)
-        rows.append(row("d2h", "cudalab", shape, "float32", t, bytes=nbytes, memory=kind))
-    cudalab.synchronize()
-    assert np.array_equal(pinned, values) and np.array_equal(pageable, values)
-    del dev
+    hosts = {"pinned": pinned, "pageable": pageable}
+    tdev = None
+    if torch is not None:
+        tp = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        tp.copy_(torch.from_numpy(values))
+        tpage = torch.from_numpy(values.copy())
+        tdev = tp.to("cuda")
+        torch_hosts = {"pinned": tp, "pageable": tpage}
 
-    # ---- torch, same sizes, its own buffers -------------------------------
-    tp = torch.empty(shape, dtype=torch.float32, pin_memory=True)
-    tp.copy_(torch.from_numpy(values))
-    tpage = torch.from_numpy(values.copy())
-    tdev = tp.to("cuda")
-    for kind, host in (("pinned", tp), ("pageable", tpage)):
-        t = time_cuda(lambda h=host: h.to("cuda", non_blocking=True), repeats=reps)
-        rows.append(row("h2d", "torch", shape, "float32", t, bytes=nbytes, memory=kind))
-        t = time_cuda(lambda h=host: h.copy_(tdev, non_blocking=True), repeats=reps)
-        rows.append(row("d2h", "torch", shape, "float32", t, bytes=nbytes, memory=kind))
-    torch.cuda.synchronize()
-    del tdev
-    torch.cuda.empty_cache()
+    def timed(fn, op: str, impl: str, memory: str):
+        return measure(fn, bytes=nbytes, ceiling=op, hold=memory == "pinned", label=op,
+                       sub_label=memory, description=impl, **settings)
+
+    for memory, host in hosts.items():
+        m = timed(lambda: cudalab.asarray(host, non_blocking=True), "h2d", "cudalab", memory)
+        rows.append(row(m, shape, "float32", memory=memory))
+        if tdev is not None:
+            th = torch_hosts[memory]
+            m = timed(lambda: th.to("cuda", non_blocking=True), "h2d", "torch", memory)
+            rows.append(row(m, shape, "float32", memory=memory))
+        m = timed(lambda: dev.get(out=host, non_blocking=True), "d2h", "cudalab", memory)
+        rows.append(row(m, shape, "float32", memory=memory))
+        if tdev is not None:
+            th = torch_hosts[memory]
+            m = timed(lambda: th.copy_(tdev, non_blocking=True), "d2h", "torch", memory)
+            rows.append(row(m, shape, "float32", memory=memory))
+    cudalab.synchronize()
+    if torch is not None:
+        torch.cuda.synchronize()
+    # Every d2h copy wrote the same values back into the host buffers.
+    assert np.array_equal(pinned, values) and np.array_equal(pageable, values)
     return rows
 
 
-if __name__ == "__main__":  # pragma: no cover
-    for r in run(quick="--quick" in sys.argv):
-        print(f"{r['op']:4s} {r['impl']:8s} {r['memory']:9s} {r['median_ms']:8.3f} ms "
-              f"{r['gb_per_s']:7.2f} GB/s")
+if __name__ == "__main__":
+    sys.exit(main(run))

@@ -1,116 +1,118 @@
 """Benchmarks of transpose (every teaching version), ascontiguousarray(a.T) and
 device random numbers, each beside PyTorch in the same run.
 
-``run(quick)`` returns a list of dicts (one per op and implementation):
-``{"op", "impl", "shape", "dtype", "median_ms", "iqr_ms", "gb_per_s", "bytes"}``.
+``run(quick)`` returns a list of dicts (one per op and implementation) with
+``"op", "impl", "shape", "dtype", "median_ms", "iqr_ms", "gb_per_s", "bytes"``,
+"% of the copy ceiling" and the rest of benchlib.row's keys.
 
 * transpose of an N x N float32 matrix (N = 16384, quick: 4096): bytes = read +
   written = 2 * N * N * 4. cudalab rows: ``transpose`` (the default, v5 best)
   and ``transpose_<method>`` for each teaching version; torch row:
   ``x.t().contiguous()`` under op ``transpose``.
 * ``ascontiguousarray_T``: cudalab.ascontiguousarray(x.T) (copy.cu routes it to
-  the best tiled kernel) and torch's x.t().contiguous() again.
-* ``copy``: a plain device-to-device copy of the same matrix, the ceiling the
-  transposes are measured against (cudalab x.copy(), torch y.copy_(x)).
+  the best tiled kernel) and torch's x.t().contiguous() again (the same
+  measurement as its ``transpose`` row).
+* ``copy``: a plain device-to-device copy of the same matrix (cudalab x.copy(),
+  torch y.copy_(x)), beside the transposes.
 * ``random_normal`` / ``random_uniform``: 256M float32 values (quick: 32M),
   bytes = written; torch.randn / torch.rand beside.
 
-Timing: CUDA events from torch when it imports (cudalab runs on the legacy
-default stream, which is torch's default stream too), otherwise
-synchronize + perf_counter; warm-up, then >= 20 repeats; median and IQR.
+Times come from `cudalab.bench.measure` with the same settings for both
+libraries (benchlib.measure_settings), each cudalab case right before its
+torch twin; "% ceiling" is against the measured device-to-device copy
+(`cudalab.bench.ceiling("copy")`). torch is optional (its rows are skipped
+without it), a GPU is not.
 """
 
 from __future__ import annotations
 
-import statistics
-from typing import Any, Callable
-from timing import times_ms  # noqa: E402
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import main, measure_settings, require_gpu, row, torch_cuda  # noqa: E402
 
 METHODS = ["naive", "coalesced_write", "tiled", "tiled_padded", "best"]
 
 
-def _torch():
-    try:
-        import torch
-    except Exception:  # torch is optional
-        return None
-    return torch if torch.cuda.is_available() else None
+def _timer(settings: dict):
+    from cudalab.bench import measure
+
+    def timed(fn, op: str, impl: str, nbytes: int):
+        return measure(fn, bytes=nbytes, ceiling="copy", label=op, description=impl, **settings)
+
+    return timed
 
 
-def _timer(torch, cudalab) -> Callable[[Callable[[], Any], int, int], list[float]]:
-    return times_ms
-
-
-def _row(op, impl, shape, dtype, times, nbytes) -> dict:
-    q = statistics.quantiles(times, n=4)
-    median = statistics.median(times)
-    return {
-        "op": op,
-        "impl": impl,
-        "shape": list(shape),
-        "dtype": dtype,
-        "median_ms": median,
-        "iqr_ms": q[2] - q[0],
-        "gb_per_s": nbytes / (median * 1e-3) / 1e9,
-        "bytes": nbytes,
-    }
-
-
-def run(quick: bool = False) -> list[dict]:
-    import cudalab
-
-    torch = _torch()
-    timer = _timer(torch, cudalab)
-    warmup, repeats = (3, 20) if quick else (5, 30)
-    n = 4096 if quick else 16384
+def _transposes(cudalab, torch, settings: dict, n: int) -> list[dict]:
+    """Every transpose version, ascontiguousarray(x.T) and a copy of an n x n matrix."""
+    timed = _timer(settings)
     shape = (n, n)
     nbytes = 2 * n * n * 4
     rows: list[dict] = []
-
     x = cudalab.random.uniform(shape, -1.0, 1.0, seed=0)  # generated on the device
-    for method in METHODS:
-        op = "transpose" if method == "best" else f"transpose_{method}"
-        times = timer(lambda m=method: cudalab.transpose(x, method=m), warmup, repeats)
-        rows.append(_row(op, "cudalab", shape, "float32", times, nbytes))
-    times = timer(lambda: cudalab.ascontiguousarray(x.T), warmup, repeats)
-    rows.append(_row("ascontiguousarray_T", "cudalab", shape, "float32", times, nbytes))
-    times = timer(lambda: x.copy(), warmup, repeats)
-    rows.append(_row("copy", "cudalab", shape, "float32", times, nbytes))
-    del x
-
+    t = out = None
     if torch is not None:
         t = torch.rand(shape, device="cuda", dtype=torch.float32)
-        times = timer(lambda: t.t().contiguous(), warmup, repeats)
-        rows.append(_row("transpose", "torch", shape, "float32", times, nbytes))
-        rows.append(_row("ascontiguousarray_T", "torch", shape, "float32", times, nbytes))
         out = torch.empty_like(t)
-        times = timer(lambda: out.copy_(t), warmup, repeats)
-        rows.append(_row("copy", "torch", shape, "float32", times, nbytes))
-        del t, out
-        torch.cuda.empty_cache()
 
-    count = (32 if quick else 256) * 2**20
-    rbytes = count * 4
-    for op, fn in [
-        ("random_normal", lambda: cudalab.random.normal(count, seed=1)),
-        ("random_uniform", lambda: cudalab.random.uniform(count, seed=1)),
-    ]:
-        rows.append(_row(op, "cudalab", (count,), "float32", timer(fn, warmup, repeats), rbytes))
-    if torch is not None:
-        g = torch.Generator(device="cuda")
-        g.manual_seed(1)
-        for op, fn in [
-            ("random_normal", lambda: torch.randn(count, device="cuda", generator=g)),
-            ("random_uniform", lambda: torch.rand(count, device="cuda", generator=g)),
-        ]:
-            rows.append(_row(op, "torch", (count,), "float32", timer(fn, warmup, repeats),
-                             rbytes))
+    for method in METHODS:
+        op = "transpose" if method == "best" else f"transpose_{method}"
+        m = timed(lambda: cudalab.transpose(x, method=method), op, "cudalab", nbytes)
+        rows.append(row(m, shape, "float32"))
+    torch_transpose = None
+    if t is not None:
+        torch_transpose = timed(lambda: t.t().contiguous(), "transpose", "torch", nbytes)
+        rows.append(row(torch_transpose, shape, "float32"))
+    m = timed(lambda: cudalab.ascontiguousarray(x.T), "ascontiguousarray_T", "cudalab", nbytes)
+    rows.append(row(m, shape, "float32"))
+    if torch_transpose is not None:  # the same torch op as its transpose row
+        same = dataclasses.replace(torch_transpose, label="ascontiguousarray_T")
+        rows.append(row(same, shape, "float32"))
+    m = timed(lambda: x.copy(), "copy", "cudalab", nbytes)
+    rows.append(row(m, shape, "float32"))
+    if t is not None:
+        m = timed(lambda: out.copy_(t), "copy", "torch", nbytes)
+        rows.append(row(m, shape, "float32"))
     return rows
 
 
-if __name__ == "__main__":  # python benchmarks/bench_transpose.py [--quick]
-    import sys
+def _random(cudalab, torch, settings: dict, count: int) -> list[dict]:
+    """normal and uniform float32 values on the device; bytes = written."""
+    timed = _timer(settings)
+    rbytes = count * 4
+    g = None
+    if torch is not None:
+        g = torch.Generator(device="cuda")
+        g.manual_seed(1)
+    rows = []
+    for op, ours, theirs in [
+        ("random_normal", lambda: cudalab.random.normal(count, seed=1),
+         lambda: torch.randn(count, device="cuda", generator=g)),
+        ("random_uniform", lambda: cudalab.random.uniform(count, seed=1),
+         lambda: torch.rand(count, device="cuda", generator=g)),
+    ]:
+        rows.append(row(timed(ours, op, "cudalab", rbytes), (count,), "float32"))
+        if torch is not None:
+            rows.append(row(timed(theirs, op, "torch", rbytes), (count,), "float32"))
+    return rows
 
-    for r in run("--quick" in sys.argv):
-        print(f"{r['op']:>24} {r['impl']:>8} {r['median_ms']:9.3f} ms "
-              f"(IQR {r['iqr_ms']:.3f}) {r['gb_per_s']:8.1f} GB/s")
+
+def run(quick: bool = False) -> list[dict]:
+    require_gpu("bench_transpose")
+    import cudalab
+
+    torch = torch_cuda()
+    settings = measure_settings(quick)
+    rows = _transposes(cudalab, torch, settings, 4096 if quick else 16384)
+    cudalab.synchronize()
+    cudalab.empty_cache()
+    if torch is not None:
+        torch.cuda.empty_cache()
+    rows += _random(cudalab, torch, settings, (32 if quick else 256) * 2**20)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main(run))

@@ -1,0 +1,153 @@
+"""benchmarks/ without a GPU: the modules import, fail clearly, and build rows from Measurements."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cudalab
+from cudalab.bench import Measurement
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH_MODULES = sorted(p.stem for p in BENCH_DIR.glob("bench_*.py"))
+no_gpu_only = pytest.mark.skipif(cudalab.is_available(), reason="checks behaviour without a GPU")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_benchmarks_{name}", BENCH_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def benchlib():
+    return _load("benchlib")
+
+
+def _m(**kw) -> Measurement:
+    kw.setdefault("label", "add")
+    kw.setdefault("description", "cudalab")
+    kw.setdefault("times", (1e-3, 1e-3, 1.1e-3, 0.9e-3, 1e-3))
+    return Measurement(**kw)
+
+
+def test_the_expected_modules_exist():
+    assert set(BENCH_MODULES) >= {"bench_elementwise", "bench_reduce", "bench_transpose",
+                                  "bench_matmul", "bench_streams", "bench_transfer",
+                                  "bench_pipeline", "bench_profiler"}
+    assert not (BENCH_DIR / "timing.py").exists()
+
+
+@pytest.mark.parametrize("name", BENCH_MODULES + ["run"])
+def test_every_module_imports_without_a_gpu(name):
+    module = _load(name)
+    assert callable(module.run if name != "run" else module.main)
+
+
+@no_gpu_only
+@pytest.mark.parametrize("name", BENCH_MODULES)
+def test_run_without_a_gpu_raises_no_device_error_naming_the_module(name):
+    with pytest.raises(cudalab.NoDeviceError, match=f"^{name}: no CUDA device"):
+        _load(name).run(True)
+
+
+@no_gpu_only
+@pytest.mark.parametrize("name", ["run", "bench_reduce", "bench_streams"])
+def test_scripts_exit_1_with_a_message_without_a_gpu(name):
+    proc = subprocess.run([sys.executable, str(BENCH_DIR / f"{name}.py"), "--quick"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "no CUDA device is available" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_measure_settings_share_the_warmup(benchlib):
+    quick, full = benchlib.measure_settings(True), benchlib.measure_settings(False)
+    assert quick["warmup"] == full["warmup"] == 0.25
+    assert quick["min_run_time"] < full["min_run_time"]
+    assert quick["max_run_time"] >= quick["min_run_time"]
+
+
+def test_row_from_a_measurement(benchlib):
+    m = _m(bytes=3e9, host_time=5e-6, launch_gap=1e-6, number_per_run=7, sub_label="v",
+           ceiling_name="copy", ceiling_value=4e12, ceiling_unit="B/s")
+    r = benchlib.row(m, (10, 3), "float32", extra_key=1)
+    assert (r["op"], r["impl"], r["variant"], r["shape"], r["dtype"]) == (
+        "add", "cudalab", "v", [10, 3], "float32")
+    assert r["median_ms"] == pytest.approx(1.0)
+    assert r["iqr_ms"] == pytest.approx(m.iqr * 1e3)
+    assert r["min_ms"] == pytest.approx(0.9)
+    assert (r["repeats"], r["calls_per_repeat"]) == (5, 7)
+    assert r["host_us"] == pytest.approx(5.0) and r["launch_gap_us"] == pytest.approx(1.0)
+    assert r["bytes"] == 3_000_000_000 and r["gb_per_s"] == pytest.approx(3000.0)
+    assert r["ceiling"] == "copy"
+    assert r["pct_of_ceiling"] == r["pct_of_copy_ceiling"] == pytest.approx(75.0)
+    assert "tflops" not in r and "warning" not in r
+    assert r["extra_key"] == 1
+    assert Measurement.from_dict(r["measurement"]) == m
+    json.dumps(r)
+
+
+def test_row_per_op_divides_times_and_work_not_rates(benchlib):
+    m = _m(bytes=1e6, flops=2e6, host_time=1e-4, ceiling_name="h2d", ceiling_value=1e9,
+           ceiling_unit="B/s")
+    r = benchlib.row(m, [8], "float32", ops_per_call=100)
+    assert r["median_ms"] == pytest.approx(0.01)
+    assert r["host_us"] == pytest.approx(1.0)
+    assert (r["bytes"], r["flops"]) == (10_000, 20_000)
+    assert r["gb_per_s"] == pytest.approx(1.0) and r["tflops"] == pytest.approx(0.002)
+    assert r["ceiling"] == "h2d" and "pct_of_copy_ceiling" not in r
+    assert "variant" not in r and "launch_gap_us" not in r
+
+
+def test_row_carries_the_warning_and_the_timer(benchlib):
+    noisy = _m(times=(1.0, 2.0, 1.0, 2.0, 1.5, 3.0), metadata={"timer": "host clock"})
+    r = benchlib.row(noisy, [1], "float32")
+    assert "noisy" in r["warning"] and r["timer"] == "host clock"
+    assert benchlib.row(_m(), [1], "float32")["timer"] == benchlib.MEASURE_TIMER
+
+
+def test_measurement_dict_drops_raw_times_only_beyond_the_limit(benchlib):
+    limit = benchlib.MAX_TIMES_IN_JSON
+    kept = benchlib.measurement_dict(_m(times=(1e-3,) * limit))
+    assert len(kept["times"]) == limit and "times_omitted" not in kept
+    dropped = benchlib.measurement_dict(_m(times=(1e-3,) * (limit + 1)))
+    assert "times" not in dropped and dropped["times_omitted"] == limit + 1
+    assert dropped["derived"]["repeats"] == limit + 1
+
+
+def test_dumps_is_json_with_number_lists_on_one_line(benchlib):
+    data = {"shape": [16384, 16384], "times": [1.5e-06, -2.25, 3], "names": ["a", "b"],
+            "nested": {"empty": [], "x": 1.0}, "text": "[1,   2]"}
+    text = benchlib.dumps(data)
+    assert json.loads(text) == data
+    assert '"shape": [16384, 16384]' in text
+    assert '"times": [1.5e-06, -2.25, 3]' in text
+    assert '"names": [\n' in text  # only number lists are put on one line
+
+
+def test_host_clock_warms_up_then_interleaves(benchlib):
+    calls: list[str] = []
+    cases = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    times = benchlib.host_clock(cases, repeats=3, warmup=0.0)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for v in times.values() for t in v)
+
+
+def test_format_rows_with_and_without_optional_keys(benchlib):
+    full = benchlib.row(_m(bytes=1e9, host_time=1e-6, ceiling_name="copy", ceiling_value=1e12,
+                           ceiling_unit="B/s"), [4], "float32")
+    full["speedup_vs_torch"] = 1.02
+    bare = {"op": "x", "impl": "torch", "shape": [1], "dtype": "float16",
+            "median_ms": 1.0, "iqr_ms": 0.1, "warning": "noisy"}
+    lines = benchlib.format_rows([full, bare]).splitlines()
+    assert len(lines) == 3
+    assert "100.0 copy" in lines[1] and "1.020" in lines[1]
+    assert lines[2].endswith(" !")
