@@ -136,7 +136,7 @@ def get_per_process_memory_fraction(device: int | None = None) -> float: ...
 def mem_get_info(device: int | None = None) -> tuple[int, int]: ...  # (free, total)
 def memory_stats(device: int | None = None) -> dict[str, int | float]: ...
 
-# ---- matmul (cuBLASLt / cuBLAS; csrc/blas.c) -------------------------------
+# ---- matmul (cuBLASLt / cuBLAS; csrc/ops/matmul.c) -------------------------------
 
 def matmul(
     a: DeviceArray,
@@ -147,7 +147,7 @@ def matmul(
 def set_float32_matmul_precision(precision: str) -> None: ...  # "highest" | "high"
 def get_float32_matmul_precision() -> str: ...  # "highest" (default) | "high" (TF32)
 
-# ---- transpose and device random numbers (ops_transpose.c, ops_random.c) ----
+# ---- transpose and device random numbers (csrc/ops/transpose.c, random.c) ----
 
 from typing import Literal, Sequence
 
@@ -170,7 +170,7 @@ def _philox4x32_10(
     counter: Sequence[int], key: Sequence[int]
 ) -> tuple[int, int, int, int]: ...  # one block on the device (known-answer tests)
 
-# ---- reductions (ops_reduce.c, cuda/reduce.cu) ----------------------------
+# ---- reductions (csrc/ops/reduce.c, cuda/ops/reduce.cu) ----------------------------
 
 _Axis = Union[SupportsIndex, tuple[SupportsIndex], None]
 
@@ -192,7 +192,7 @@ def max(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceA
 def min(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
 def argmax(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
 
-# ---- element-wise ops (ops_elementwise.c, cuda/elementwise.cu) -------------
+# ---- element-wise ops (csrc/ops/elementwise.c, cuda/ops/elementwise.cu) -------------
 # Operands: DeviceArray or real scalars (Python scalars are weak, NEP 50);
 # NumPy broadcasting; result dtype as NumPy 2; `out` may alias an input.
 
@@ -220,7 +220,7 @@ def gelu(
     a: DeviceArray, approximate: str = "none", out: DeviceArray | None = None
 ) -> DeviceArray: ...  # approximate: "none" (erf) or "tanh"
 
-# ---- streams, events, CUDA graphs (stream.c, graph.c) ------------------------
+# ---- streams, events, CUDA graphs (csrc/runtime/stream.c, graph.c) ------------------------
 
 class Stream:
     def __new__(cls, priority: int = 0, device: int | None = None) -> Stream: ...
@@ -267,7 +267,7 @@ def current_stream(device: int | None = None) -> Stream: ...
 def default_stream(device: int | None = None) -> Stream: ...
 
 
-# ---- pinned host memory and interop (memory.c, interop.c) ------------------
+# ---- pinned host memory and interop (csrc/runtime/memory.c, csrc/array/interop.c) ------------------
 # asarray(obj, dtype=None, non_blocking=False) also takes foreign device arrays
 # (DLPack producers on CUDA first, then __cuda_array_interface__) without a copy;
 # DeviceArray gains get(out=None, non_blocking=False), __cuda_array_interface__,
@@ -279,7 +279,7 @@ def is_pinned(a: np.ndarray) -> bool: ...
 def from_dlpack(obj: object) -> DeviceArray: ...
 
 
-# ---- profiler (profiler.c); cudalab.profiler is the public face ---------------
+# ---- profiler (csrc/prof/profiler.c); cudalab.profiler is the public face ---------------
 
 def _profiler_enable() -> None: ...  # RuntimeError when a profile already records
 def _profiler_disable() -> dict[str, Any]:

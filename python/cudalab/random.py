@@ -1,7 +1,7 @@
 """Random numbers generated on the device.
 
 Every array comes from cudalab's own counter-based Philox4x32-10 generator
-(``cuda/random.cu``): element ``i`` of a call is a pure function of the key
+(``cuda/ops/random.cu``): element ``i`` of a call is a pure function of the key
 (the seed), a per-call offset and ``i``, so results never depend on the
 launch configuration and the same seed gives bit-identical arrays::
 
@@ -21,7 +21,7 @@ so successive calls differ and the whole sequence repeats after ``seed(s)``.
 With an explicit ``seed=s`` a call uses key ``s`` and offset 0 and leaves the
 default generator alone.
 
-Conversions (see ``cuda/random.cu``): uniform floats use as many random bits as
+Conversions (see ``cuda/ops/random.cu``): uniform floats use as many random bits as
 the dtype's significand (53 for float64) and always lie in ``[low, high)``;
 normal uses Box-Muller; integers are unbiased (Lemire's method with
 rejection) and follow NumPy's ``Generator.integers`` bounds.

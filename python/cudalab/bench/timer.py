@@ -14,7 +14,7 @@ How a measurement runs (all on the current stream, or `stream`):
    is read, so the GPU never drains (an idle GPU cools down and clocks up: a power-capped GEMM
    looks faster with gaps than it runs back to back; on an H200 the fp16
    GEMM clock settles from 1980 MHz to ~1400 MHz within ~0.2 s of load).
-   The spin is a one-thread kernel (cuda/timing.cu) put before each repeat
+   The spin is a one-thread kernel (cuda/prof/timing.cu) put before each repeat
    of launch-bound calls only (GPU time under 4x the host time per call): it
    holds the stream while the host enqueues the repeat, so the calls run
    back to back on the GPU and the time is the GPU's, free of launch gaps

@@ -197,3 +197,12 @@ cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char
     Py_DECREF(detail);
     return -1;
 }
+
+int
+cl_expected_array_error(const char *func, const char *param, PyObject *obj, bool or_none)
+{
+    return cl_arg_error(PyExc_TypeError, func, param,
+                        "expected a cudalab.DeviceArray%s, got %.100s (copy host data to the "
+                        "device with cudalab.asarray())",
+                        or_none ? " or None" : "", Py_TYPE(obj)->tp_name);
+}

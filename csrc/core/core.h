@@ -1,0 +1,136 @@
+/* core/: what every other part of the extension stands on.
+ *
+ *   module.c    PEP 489 multi-phase init, the module state, the function table
+ *   errors.c    the exception hierarchy and the helpers that raise it
+ *   args.c      FASTCALL argument parsing
+ *   op_frame.c  the steps every op entry point shares (op_frame.h)
+ */
+#ifndef CUDALAB_CORE_CORE_H
+#define CUDALAB_CORE_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Every translation unit shares the one NumPy API table that module.c imports. */
+#define PY_ARRAY_UNIQUE_SYMBOL cudalab_ARRAY_API
+#ifndef CUDALAB_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include <cuda_runtime_api.h>
+#include "kernels.h"
+
+#define CL_MAX_DEVICES 64
+
+/* ---- per-device state, owned by the module state ------------------------ */
+
+typedef struct cl_device_state {
+    bool pool_ready;          /* pool created and configured */
+    cudaMemPool_t pool;       /* our own pool (not the device default pool) */
+    size_t total_memory;      /* cudaMemGetInfo total, read once */
+    double fraction;          /* set_per_process_memory_fraction, 1.0 = no limit */
+    /* Counters the driver does not keep. requested_* are the bytes callers
+     * asked for (the per-process limit is enforced on these). */
+    size_t requested_current;
+    size_t requested_peak;
+    long long num_allocs;
+    long long num_frees;
+    long long num_ooms;
+    long long num_alloc_retries;
+    /* Streams of dead Stream objects, kept for reuse instead of destroyed:
+     * arrays may still free their memory on them (stream.c). */
+    cudaStream_t *spare_streams;
+    int *spare_priorities;
+    int num_spare_streams, cap_spare_streams;
+} cl_device_state;
+
+typedef struct cl_state {
+    PyTypeObject *DeviceArray_Type;
+    PyTypeObject *Stream_Type;   /* runtime/stream.c */
+    PyTypeObject *Event_Type;    /* runtime/stream.c */
+    PyTypeObject *CUDAGraph_Type; /* runtime/graph.c */
+    PyObject *CudalabError;
+    PyObject *CudaError;
+    PyObject *CublasError;
+    PyObject *OutOfMemoryError;
+    PyObject *NoDeviceError;
+    PyArray_Descr *descr[CL_NUM_DTYPES]; /* canonical NumPy dtype of each cl_dtype */
+    PyObject *bfloat16_type;             /* ml_dtypes.bfloat16 */
+    int device_count;                    /* -1 until first asked */
+    cudaError_t device_count_error;      /* why device_count is 0, if it is */
+    cl_device_state devices[CL_MAX_DEVICES];
+    /* Profiler (prof/profiler.c): CL_PROF_* bits every op tests, and the state
+     * behind them (allocated on first use). */
+    int prof_flags;
+    struct cl_prof_state *prof;
+} cl_state;
+
+cl_state *cl_state_from_module(PyObject *module);
+cl_state *cl_state_from_type(PyTypeObject *type);
+
+/* ---- errors (errors.c) --------------------------------------------------- */
+
+int cl_errors_init(PyObject *module, cl_state *st);
+/* Raise CudaError for `err` (which is cleared from the runtime). Returns -1. */
+int cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *file, int line);
+/* Raise `type` (CudaError, CublasError) for a failed library call; the
+ * exception carries code, name, expression, file and line. Returns -1. */
+int cl_raise_status(PyObject *type, int code, const char *name, const char *text, const char *expr,
+                    const char *file, int line);
+int cl_raise_no_device(cl_state *st, const char *func);
+/* OutOfMemoryError with a message a PyTorch user recognizes; `limit_reason`
+ * non-zero when our per-process limit (not the driver) refused. */
+int cl_raise_oom(cl_state *st, int device, size_t requested, size_t allocated, size_t reserved,
+                 size_t free_bytes, size_t total, size_t limit, int limit_reason);
+/* TypeError/ValueError with the "<func>() argument '<param>': ..." prefix. */
+int cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char *fmt, ...);
+/* TypeError for an argument that must be a DeviceArray (or None), with the
+ * asarray() hint every such message carries. Returns -1. */
+int cl_expected_array_error(const char *func, const char *param, PyObject *obj, bool or_none);
+
+/* Every CUDA call goes through this: on failure it raises CudaError carrying
+ * the expression, file and line and jumps to the function's `fail` label. */
+#define CL_CUDA_CHECK(st, expr)                                                   \
+    do {                                                                          \
+        cudaError_t cl_err_ = (expr);                                             \
+        if (cl_err_ != cudaSuccess) {                                             \
+            cl_raise_cuda((st), cl_err_, #expr, __FILE__, __LINE__);              \
+            goto fail;                                                            \
+        }                                                                         \
+    } while (0)
+
+/* ---- helpers --------------------------------------------------------------- */
+
+/* Map FASTCALL positional + keyword arguments onto `names` (NULL-terminated);
+ * the first `nrequired` must be given, the others come back NULL when absent. */
+int cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  const char *const *names, int nrequired, PyObject **out);
+
+/* A METH_FASTCALL | METH_KEYWORDS table entry for function `name` with docstring `name##_doc`. */
+#define CL_FASTCALL(name) \
+    {#name, (PyCFunction)(void (*)(void))name, METH_FASTCALL | METH_KEYWORDS, name##_doc}
+
+/* Run `stmt` with the GIL released (for anything that may block). */
+#define CL_WITHOUT_GIL(stmt)                                                      \
+    do {                                                                          \
+        Py_BEGIN_ALLOW_THREADS stmt;                                              \
+        Py_END_ALLOW_THREADS                                                      \
+    } while (0)
+
+/* Dtype classes, one definition for every file. */
+static inline bool
+cl_dtype_is_float(cl_dtype d)
+{
+    return d == CL_FLOAT16 || d == CL_BFLOAT16 || d == CL_FLOAT32 || d == CL_FLOAT64;
+}
+
+static inline bool
+cl_dtype_is_int(cl_dtype d)
+{
+    return d == CL_INT8 || d == CL_UINT8 || d == CL_INT32 || d == CL_INT64;
+}
+
+#endif /* CUDALAB_CORE_CORE_H */

@@ -1,0 +1,79 @@
+/* runtime/: devices and the execution state operations run in.
+ *
+ *   device.c    device query and selection
+ *   memory.c    the stream-ordered pool, its counters and statistics
+ *   stream.c    Stream and Event, the current stream every op is enqueued on
+ *   graph.c     CUDAGraph capture and replay
+ */
+#ifndef CUDALAB_RUNTIME_RUNTIME_H
+#define CUDALAB_RUNTIME_RUNTIME_H
+
+#include "array/array.h"
+
+/* ---- devices (device.c) -------------------------------------------------- */
+
+extern PyMethodDef cl_device_methods[];
+/* Number of usable devices (0 without GPU or driver); never raises. */
+int cl_device_count(cl_state *st);
+/* 0 when a device exists, else raises NoDeviceError naming func. */
+int cl_require_device(cl_state *st, const char *func);
+/* Parse an optional `device` argument (None = current). Validates before
+ * touching the GPU, then requires one. Returns -1 with an exception set. */
+int cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device);
+int cl_current_device(cl_state *st, int *device);
+/* Make `device` current for an operation on its arrays; cl_device_exit puts
+ * the caller's device back (a no-op when they were the same). */
+int cl_device_enter(cl_state *st, int device, int *previous);
+void cl_device_exit(int device, int previous);
+/* Parse an index argument: Python int (not bool), returned as Py_ssize_t. */
+int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out);
+
+/* ---- streams (stream.c) -------------------------------------------------- */
+
+/* The calling thread's current stream on the current device (the legacy
+ * default stream, 0, unless a `with Stream:` block set one). */
+cudaStream_t cl_current_stream(cl_state *st);
+int cl_stream_init(PyObject *module, cl_state *st);
+/* Record that `a`'s memory is used on `s` (on its root owner), so its free
+ * waits for `s`'s work. Never raises. */
+void cl_array_note_stream(const DeviceArray *a, cudaStream_t s);
+/* DeviceArray.record_stream (array.c's method table points here). */
+PyObject *cl_array_record_stream(PyObject *self, PyObject *stream);
+/* A Stream's handle and device; TypeError naming func/param otherwise. */
+int cl_stream_handle(cl_state *st, PyObject *obj, const char *func, const char *param,
+                     cudaStream_t *handle, int *device);
+
+/* ---- CUDA graphs (graph.c) ------------------------------------------------- */
+
+int cl_graph_init(PyObject *module, cl_state *st);
+/* The CUDAGraph capturing on `s` in this thread, or NULL (borrowed). */
+PyObject *cl_graph_capturing(cudaStream_t s);
+/* Memory `ptr` was just allocated on `s`: during capture the graph owns it;
+ * returns a new reference to the graph then, else NULL. Never raises. */
+PyObject *cl_graph_adopt(cudaStream_t s, void *ptr);
+/* An array whose memory a graph owns dies (from dealloc). Never raises. */
+void cl_graph_release(PyObject *graph, void *ptr);
+
+/* True while this thread is capturing a CUDA graph (any stream). */
+bool cl_graph_thread_capturing(void);
+
+/* ---- memory (memory.c) --------------------------------------------------- */
+
+extern PyMethodDef cl_memory_methods[];
+/* Allocate from the device's pool on `stream`. nbytes == 0 gives NULL.
+ * Enforces the per-process limit; on failure trims the pool, retries once,
+ * then raises OutOfMemoryError. Returns 0 or -1. */
+int cl_malloc(cl_state *st, const char *func, int device, size_t nbytes, cudaStream_t stream,
+              void **out);
+/* Stream-ordered free; never raises (called from dealloc). */
+void cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream);
+/* cl_free after making `stream` wait for the work on `used` streams (or the
+ * whole device when `overflow`). Never raises. */
+void cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream,
+                   const cudaStream_t *used, int num_used, bool overflow);
+
+/* True when `ptr` lies in page-locked host memory (cudaHostAlloc or
+ * registered); never raises. */
+bool cl_host_is_pinned(const void *ptr);
+
+#endif /* CUDALAB_RUNTIME_RUNTIME_H */
