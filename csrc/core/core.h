@@ -87,6 +87,10 @@ int cl_raise_oom(cl_state *st, int device, size_t requested, size_t allocated, s
                  size_t free_bytes, size_t total, size_t limit, int limit_reason);
 /* TypeError/ValueError with the "<func>() argument '<param>': ..." prefix. */
 int cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char *fmt, ...);
+/* TypeError "<func>() argument '<param>': expected <expected>, got <type>";
+ * `expected` reads like "an int" or "a Stream". Returns -1. */
+int cl_expected_type_error(const char *func, const char *param, const char *expected,
+                           PyObject *obj);
 /* TypeError for an argument that must be a DeviceArray (or None), with the
  * asarray() hint every such message carries. Returns -1. */
 int cl_expected_array_error(const char *func, const char *param, PyObject *obj, bool or_none);

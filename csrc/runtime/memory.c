@@ -82,6 +82,13 @@ cl_malloc(cl_state *st, const char *func, int device, size_t nbytes, cudaStream_
         return raise_oom(st, device, nbytes, 1);
     }
     cudaError_t err = cudaMallocFromPoolAsync(out, nbytes, ds->pool, stream);
+    if (err == cudaErrorMemoryAllocation && cl_graph_thread_capturing()) {
+        /* The retry below synchronizes the device, which would invalidate the
+         * capture: report the failure as it is. */
+        (void)cudaGetLastError();
+        *out = NULL;
+        return raise_oom(st, device, nbytes, 0);
+    }
     if (err == cudaErrorMemoryAllocation) {
         /* Let pending stream-ordered frees finish, hand the pool's cached
          * memory back to the driver, and try once more. */
@@ -247,7 +254,8 @@ static PyObject *
 empty_cache(PyObject *module, PyObject *unused)
 {
     cl_state *st = cl_state_from_module(module);
-    if (cl_require_device(st, "empty_cache") < 0) {
+    if (cl_require_device(st, "empty_cache") < 0 ||
+        cl_refuse_while_capturing(st, "empty_cache", "synchronizing the device") < 0) {
         return NULL;
     }
     for (int device = 0; device < st->device_count; device++) {
@@ -278,8 +286,7 @@ static int
 parse_fraction(PyObject *obj, const char *func, double *out)
 {
     if (PyBool_Check(obj) || !(PyFloat_Check(obj) || PyLong_Check(obj))) {
-        return cl_arg_error(PyExc_TypeError, func, "fraction", "expected a float, got %.100s",
-                            Py_TYPE(obj)->tp_name);
+        return cl_expected_type_error(func, "fraction", "a float", obj);
     }
     double value = PyFloat_AsDouble(obj);
     if (value == -1.0 && PyErr_Occurred()) {
@@ -497,7 +504,8 @@ pinned_empty(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
         }
         nbytes *= (size_t)shape[i];
     }
-    if (cl_require_device(st, func) < 0) {
+    if (cl_require_device(st, func) < 0 ||
+        cl_refuse_while_capturing(st, func, "allocating page-locked host memory") < 0) {
         return NULL;
     }
     cudaError_t err;
@@ -550,9 +558,7 @@ is_pinned(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *k
         return NULL;
     }
     if (!PyArray_Check(argv[0])) {
-        return cl_arg_error(PyExc_TypeError, "is_pinned", "a",
-                            "expected a numpy.ndarray, got %.100s", Py_TYPE(argv[0])->tp_name),
-               NULL;
+        return cl_expected_type_error("is_pinned", "a", "a numpy.ndarray", argv[0]), NULL;
     }
     if (cl_require_device(st, "is_pinned") < 0) {
         return NULL;

@@ -56,6 +56,10 @@ void cl_graph_release(PyObject *graph, void *ptr);
 
 /* True while this thread is capturing a CUDA graph (any stream). */
 bool cl_graph_thread_capturing(void);
+/* 0, or -1 with CudalabError when this thread is capturing a CUDA graph:
+ * `what` (e.g. "synchronizing the device") would invalidate the capture.
+ * Call it before the CUDA call that would. */
+int cl_refuse_while_capturing(cl_state *st, const char *func, const char *what);
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 
