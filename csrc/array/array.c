@@ -807,76 +807,85 @@ PyDoc_STRVAR(reshape_doc,
 "Returns a view when the layout allows it (as NumPy does), otherwise a\n"
 "C-contiguous copy.");
 
+/* reshape()'s arguments as a tuple: several ints, or one int or sequence. */
+static PyObject *
+reshape_items(PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *seq;
+    if (nargs != 1) {
+        seq = PyTuple_New(nargs);
+        for (Py_ssize_t i = 0; seq != NULL && i < nargs; i++) {
+            PyTuple_SET_ITEM(seq, i, Py_NewRef(args[i]));
+        }
+        return seq;
+    }
+    seq = PyIndex_Check(args[0]) ? PyTuple_Pack(1, args[0]) : PySequence_Tuple(args[0]);
+    if (seq == NULL) {
+        PyErr_Clear();
+        cl_arg_error(PyExc_TypeError, "reshape", "shape", "expected an int or a sequence of ints");
+    }
+    return seq;
+}
+
+/* The new shape, with a -1 entry resolved against `size` elements. -1 is
+ * allowed once here, so this does not use cl_parse_shape. */
+static int
+parse_new_shape(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t size, int *ndim,
+                Py_ssize_t *shape)
+{
+    PyObject *seq = reshape_items(args, nargs);
+    if (seq == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    int unknown = -1, rc = 0;
+    Py_ssize_t known = 1;
+    if (n > CL_MAX_NDIM) {
+        rc = cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                          "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM);
+    }
+    for (int i = 0; rc == 0 && i < n; i++) {
+        rc = cl_parse_index(PyTuple_GET_ITEM(seq, i), "reshape", "shape", &shape[i]);
+        if (rc == 0 && shape[i] == -1 && unknown >= 0) {
+            rc = cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                              "can only specify one unknown dimension");
+        }
+        else if (rc == 0 && shape[i] < -1) {
+            rc = cl_arg_error(PyExc_ValueError, "reshape", "shape", "negative dimension %zd",
+                              shape[i]);
+        }
+        unknown = rc == 0 && shape[i] == -1 ? i : unknown;
+        known *= rc == 0 && shape[i] >= 0 ? shape[i] : 1;
+    }
+    Py_DECREF(seq);
+    if (rc < 0) {
+        return -1;
+    }
+    *ndim = (int)n;
+    if (unknown >= 0 && known != 0 && size % known == 0) {
+        shape[unknown] = size / known;
+    }
+    else if (unknown >= 0 || known != size) {
+        PyObject *t = cl_shape_tuple(*ndim, shape);
+        if (t != NULL) {
+            cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                         "cannot reshape array of size %zd into shape %R", size, t);
+            Py_DECREF(t);
+        }
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
 {
     cl_state *st = cl_state_from_type(Py_TYPE(self));
     Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
     int ndim;
-    PyObject *shape_obj;
-    if (nargs == 1) {
-        shape_obj = Py_NewRef(args[0]);
-    }
-    else {
-        shape_obj = PyTuple_New(nargs);
-        if (shape_obj == NULL) {
-            return NULL;
-        }
-        for (Py_ssize_t i = 0; i < nargs; i++) {
-            PyTuple_SET_ITEM(shape_obj, i, Py_NewRef(args[i]));
-        }
-    }
-    /* -1 is allowed once here, so parse by hand rather than cl_parse_shape. */
-    PyObject *seq = PyLong_Check(shape_obj) || PyIndex_Check(shape_obj)
-                        ? PyTuple_Pack(1, shape_obj)
-                        : PySequence_Tuple(shape_obj);
-    Py_DECREF(shape_obj);
-    if (seq == NULL) {
-        PyErr_Clear();
-        return cl_arg_error(PyExc_TypeError, "reshape", "shape",
-                            "expected an int or a sequence of ints"), NULL;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    if (n > CL_MAX_NDIM) {
-        Py_DECREF(seq);
-        return cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                            "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM), NULL;
-    }
-    ndim = (int)n;
-    int unknown = -1;
-    Py_ssize_t known = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (cl_parse_index(PyTuple_GET_ITEM(seq, i), "reshape", "shape", &shape[i]) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        if (shape[i] == -1) {
-            if (unknown >= 0) {
-                Py_DECREF(seq);
-                return cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                                    "can only specify one unknown dimension"), NULL;
-            }
-            unknown = i;
-        }
-        else if (shape[i] < 0) {
-            Py_DECREF(seq);
-            return cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                                "negative dimension %zd", shape[i]), NULL;
-        }
-        else {
-            known *= shape[i];
-        }
-    }
-    Py_DECREF(seq);
     Py_ssize_t size = cl_array_size(self);
-    if (unknown >= 0) {
-        if (known == 0 || size % known != 0) {
-            goto mismatch;
-        }
-        shape[unknown] = size / known;
-    }
-    else if (known != size) {
-        goto mismatch;
+    if (parse_new_shape(args, nargs, size, &ndim, shape) < 0) {
+        return NULL;
     }
     if (size == 0) {
         cl_c_strides(ndim, shape, cl_itemsize(self->dtype), strides);
@@ -885,29 +894,17 @@ DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
     if (reshape_strides(self, ndim, shape, strides)) {
         return (PyObject *)cl_array_view(st, self, self->data, ndim, shape, strides);
     }
-    {
-        DeviceArray *c = cl_array_copy_op(st, "reshape", self, self->dtype);
-        if (c == NULL) {
-            return NULL;
-        }
-        /* The copy is a fresh owner: give it the new shape in place. */
-        c->ndim = ndim;
-        for (int i = 0; i < ndim; i++) {
-            c->shape[i] = shape[i];
-        }
-        cl_c_strides(ndim, shape, cl_itemsize(c->dtype), c->strides);
-        return (PyObject *)c;
-    }
-mismatch:
-    {
-        PyObject *t = cl_shape_tuple(ndim, shape);
-        if (t != NULL) {
-            cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                         "cannot reshape array of size %zd into shape %R", size, t);
-            Py_DECREF(t);
-        }
+    DeviceArray *c = cl_array_copy_op(st, "reshape", self, self->dtype);
+    if (c == NULL) {
         return NULL;
     }
+    /* The copy is a fresh owner: give it the new shape in place. */
+    c->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        c->shape[i] = shape[i];
+    }
+    cl_c_strides(ndim, shape, cl_itemsize(c->dtype), c->strides);
+    return (PyObject *)c;
 }
 
 PyDoc_STRVAR(array_doc,

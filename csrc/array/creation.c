@@ -422,18 +422,25 @@ asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
 PyDoc_STRVAR(asnumpy_doc,
 "asnumpy(a)\n--\n\nCopy a DeviceArray to a new NumPy array; the same as ``a.get()``.");
 
+/* The one argument `a` of asnumpy and ascontiguousarray. */
+static DeviceArray *
+parse_array_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
+{
+    static const char *const names[] = {"a", NULL};
+    PyObject *argv[1];
+    if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0) {
+        return NULL;
+    }
+    return expect_array(st, argv[0], func);
+}
+
 static PyObject *
 asnumpy(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
-    DeviceArray *a;
-    if (cl_parse_args("asnumpy", args, nargs, kwnames, names, 1, argv) < 0 ||
-        (a = expect_array(st, argv[0], "asnumpy")) == NULL) {
-        return NULL;
-    }
-    return cl_array_to_host(st, "asnumpy", a, NULL, false);
+    DeviceArray *a = parse_array_arg(st, "asnumpy", args, nargs, kwnames);
+    return a == NULL ? NULL : cl_array_to_host(st, "asnumpy", a, NULL, false);
 }
 
 PyDoc_STRVAR(ascontiguousarray_doc,
@@ -444,16 +451,13 @@ PyDoc_STRVAR(ascontiguousarray_doc,
 static PyObject *
 ascontiguousarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
-    DeviceArray *a;
-    if (cl_parse_args("ascontiguousarray", args, nargs, kwnames, names, 1, argv) < 0 ||
-        (a = expect_array(st, argv[0], "ascontiguousarray")) == NULL) {
+    DeviceArray *a = parse_array_arg(st, "ascontiguousarray", args, nargs, kwnames);
+    if (a == NULL) {
         return NULL;
     }
     if (cl_is_c_contiguous(a)) {
-        return Py_NewRef(argv[0]);
+        return Py_NewRef((PyObject *)a);
     }
     return (PyObject *)cl_array_copy_op(st, "ascontiguousarray", a, a->dtype);
 }

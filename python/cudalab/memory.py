@@ -184,10 +184,10 @@ def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
 
     Raises
     ------
-    TypeError, ValueError
-        If ``device`` is not a non-negative int, or names no visible device.
     NoDeviceError
-        If no CUDA device (or no driver) is available.
+        Without a CUDA device or driver.
+    TypeError, ValueError
+        For a ``device`` that is not the index of a visible device.
     """
     # The C extension checks `device` and names this function in its errors.
     index = _core._parse_device(device, "memory_summary")
