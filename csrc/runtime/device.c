@@ -108,6 +108,18 @@ cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device)
     return 0;
 }
 
+int
+cl_parse_device_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames, bool required, int *device)
+{
+    static const char *const names[] = {"device", NULL};
+    PyObject *argv[1];
+    if (cl_parse_args(func, args, nargs, kwnames, names, required ? 1 : 0, argv) < 0) {
+        return -1;
+    }
+    return cl_parse_device(st, argv[0], func, device);
+}
+
 /* ---- Python functions ------------------------------------------------------ */
 
 PyDoc_STRVAR(is_available_doc,
@@ -182,13 +194,10 @@ PyDoc_STRVAR(synchronize_doc,
 static PyObject *
 synchronize(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device, previous;
     cudaError_t err = cudaSuccess;
-    if (cl_parse_args("synchronize", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "synchronize", &device) < 0 ||
+    if (cl_parse_device_arg(st, "synchronize", args, nargs, kwnames, false, &device) < 0 ||
         cl_refuse_while_capturing(st, "synchronize", "synchronizing the device") < 0 ||
         cl_current_device(st, &previous) < 0) {
         return NULL;
@@ -251,15 +260,12 @@ PyDoc_STRVAR(device_properties_doc,
 static PyObject *
 device_properties(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device, clock_khz = 0, mem_clock_khz = 0;
     struct cudaDeviceProp prop;
     char pci[32];
     char uuid[64];
-    if (cl_parse_args("_device_properties", args, nargs, kwnames, names, 1, argv) < 0 ||
-        cl_parse_device(st, argv[0], "_device_properties", &device) < 0) {
+    if (cl_parse_device_arg(st, "_device_properties", args, nargs, kwnames, true, &device) < 0) {
         return NULL;
     }
     CL_CUDA_CHECK(st, cudaGetDeviceProperties(&prop, device));

@@ -185,11 +185,8 @@ static int
 parse_memory_device(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
                     PyObject *kwnames, int *device)
 {
-    static const char *const names[] = {"device", NULL};
-    PyObject *argv[1];
     int previous, rc;
-    if (cl_parse_args(func, args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], func, device) < 0 ||
+    if (cl_parse_device_arg(st, func, args, nargs, kwnames, false, device) < 0 ||
         cl_device_enter(st, *device, &previous) < 0) {
         return -1;
     }
@@ -375,13 +372,10 @@ PyDoc_STRVAR(mem_get_info_doc,
 static PyObject *
 mem_get_info(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device;
     size_t free_bytes, total;
-    if (cl_parse_args("mem_get_info", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "mem_get_info", &device) < 0 ||
+    if (cl_parse_device_arg(st, "mem_get_info", args, nargs, kwnames, false, &device) < 0 ||
         device_mem_info(st, device, &free_bytes, &total) < 0) {
         return NULL;
     }

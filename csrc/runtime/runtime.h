@@ -20,6 +20,10 @@ int cl_require_device(cl_state *st, const char *func);
 /* Parse an optional `device` argument (None = current). Validates before
  * touching the GPU, then requires one. Returns -1 with an exception set. */
 int cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device);
+/* The same for a FASTCALL function whose only argument is `device`
+ * (optional unless `required`). */
+int cl_parse_device_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames, bool required, int *device);
 int cl_current_device(cl_state *st, int *device);
 /* Make `device` current for an operation on its arrays; cl_device_exit puts
  * the caller's device back (a no-op when they were the same). */

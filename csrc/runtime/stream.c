@@ -813,12 +813,9 @@ PyDoc_STRVAR(current_stream_doc,
 static PyObject *
 current_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device;
-    if (cl_parse_args("current_stream", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "current_stream", &device) < 0) {
+    if (cl_parse_device_arg(st, "current_stream", args, nargs, kwnames, false, &device) < 0) {
         return NULL;
     }
     if (tl_stream[device] != NULL) {
@@ -834,12 +831,9 @@ PyDoc_STRVAR(default_stream_doc,
 static PyObject *
 default_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device;
-    if (cl_parse_args("default_stream", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "default_stream", &device) < 0) {
+    if (cl_parse_device_arg(st, "default_stream", args, nargs, kwnames, false, &device) < 0) {
         return NULL;
     }
     return stream_wrap(st, (cudaStream_t)0, device, 0, false);
