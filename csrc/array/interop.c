@@ -767,8 +767,8 @@ dl_layout(const DLTensor *t, cl_dtype dtype, const char *func, Py_ssize_t *shape
 static PyObject *
 consume_capsule(cl_state *st, PyObject *capsule, const char *func)
 {
-    dl_import m;
-    cl_dtype dtype;
+    dl_import m = {.versioned = false, .managed = NULL, .t = NULL};
+    cl_dtype dtype = CL_FLOAT32;
     Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
     if (open_capsule(capsule, func, &m) < 0 || check_dl_kind(m.t, func, &dtype) < 0 ||
         dl_layout(m.t, dtype, func, shape, strides) < 0) {

@@ -314,7 +314,7 @@ set_per_process_memory_fraction(PyObject *module, PyObject *const *args, Py_ssiz
     static const char *func = "set_per_process_memory_fraction";
     cl_state *st = cl_state_from_module(module);
     PyObject *argv[2];
-    double fraction;
+    double fraction = 1.0;
     int device, previous, rc;
     if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0 ||
         parse_fraction(argv[0], func, &fraction) < 0 ||
