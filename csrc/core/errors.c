@@ -141,7 +141,7 @@ no_device_reason(cudaError_t err, char *buf, size_t size)
     else if (driver == 0) {
         snprintf(buf, size, "no NVIDIA driver was found (libcuda.so.1 could not be loaded)");
     }
-    else if (err == cudaErrorInsufficientDriver) {
+    else if (err == cudaErrorInsufficientDriver && driver < CUDART_VERSION) {
         snprintf(buf, size, "the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d "
                             "runtime cudalab was built with; update the driver",
                  driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000,
