@@ -314,14 +314,18 @@ fail:
  * memory_summary, ...) passes its own name as `caller`, so every error names
  * the function the user called and is raised from that function's frame. */
 
-/* The `caller` argument: a str. */
+/* Arguments (device, caller[, ...]) of the helpers below; `caller` a str. */
 static int
-parse_caller(PyObject *obj, const char *func, const char **caller)
+parse_helper_args(const char *func, const char *const *names, PyObject *const *args,
+                  Py_ssize_t nargs, PyObject *kwnames, PyObject **argv, const char **caller)
 {
-    if (!PyUnicode_Check(obj)) {
-        return cl_expected_type_error(func, "caller", "a str", obj);
+    if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0) {
+        return -1;
     }
-    *caller = PyUnicode_AsUTF8(obj);
+    if (!PyUnicode_Check(argv[1])) {
+        return cl_expected_type_error(func, "caller", "a str", argv[1]);
+    }
+    *caller = PyUnicode_AsUTF8(argv[1]);
     return *caller == NULL ? -1 : 0;
 }
 
@@ -343,12 +347,10 @@ static PyObject *
 _parse_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"device", "caller", "check_only", NULL};
-    cl_state *st = cl_state_from_module(module);
     PyObject *argv[3];
     const char *caller = NULL;
     int device, check_only = 0;
-    if (cl_parse_args("_parse_device", args, nargs, kwnames, names, 2, argv) < 0 ||
-        parse_caller(argv[1], "_parse_device", &caller) < 0 ||
+    if (parse_helper_args("_parse_device", names, args, nargs, kwnames, argv, &caller) < 0 ||
         (argv[2] != NULL && (check_only = PyObject_IsTrue(argv[2])) < 0)) {
         return NULL;
     }
@@ -360,7 +362,7 @@ _parse_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObjec
         return check_device_index(argv[0], caller, &index) < 0 ? NULL
                                                                 : PyLong_FromSsize_t(index);
     }
-    if (cl_parse_device(st, argv[0], caller, &device) < 0) {
+    if (cl_parse_device(cl_state_from_module(module), argv[0], caller, &device) < 0) {
         return NULL;
     }
     return PyLong_FromLong(device);
@@ -380,8 +382,7 @@ _exchange_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyOb
     PyObject *argv[2];
     const char *caller = NULL;
     int device, previous;
-    if (cl_parse_args("_exchange_device", args, nargs, kwnames, names, 2, argv) < 0 ||
-        parse_caller(argv[1], "_exchange_device", &caller) < 0) {
+    if (parse_helper_args("_exchange_device", names, args, nargs, kwnames, argv, &caller) < 0) {
         return NULL;
     }
     if (argv[0] == Py_None) {
