@@ -80,6 +80,9 @@ int cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *f
  * exception carries code, name, expression, file and line. Returns -1. */
 int cl_raise_status(PyObject *type, int code, const char *name, const char *text, const char *expr,
                     const char *file, int line);
+/* NoDeviceError "<func>(): no CUDA device is available: <why>", why in the
+ * words `cudalab check` uses (no driver, the toolkit's stub, a driver too old,
+ * no device visible). func NULL: no prefix. Returns -1. */
 int cl_raise_no_device(cl_state *st, const char *func);
 /* OutOfMemoryError with a message a PyTorch user recognizes; `limit_reason`
  * non-zero when our per-process limit (not the driver) refused. */
