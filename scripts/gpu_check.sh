@@ -6,6 +6,9 @@
 # `cudalab ceilings` output there (cli_check_<device>.txt, ceilings_<device>.*).
 #
 # Usage: scripts/gpu_check.sh [extra pytest args]
+# Needs, in the environment of $PYTHON (checked first, exit 2 when missing):
+# scikit-build-core, cmake >= 3.31, numpy, ml_dtypes, the test extra
+# (pip install '.[test]' minus the package itself) and the CUDA toolkit.
 # Logs go to $OUT when it is set (and to build/gpu_check/ otherwise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +17,82 @@ PYTHON=${PYTHON:-python3}
 LOGS=${OUT:-build/gpu_check}
 mkdir -p "$LOGS" benchmarks/results
 export PYTHONUNBUFFERED=1
+
+echo "== prerequisites"
+# The build below runs without build isolation and without dependencies (so
+# it uses this environment's packages as they are): say what is missing here
+# instead of failing deep inside pip.
+"$PYTHON" - <<'PY' || exit 2
+import importlib.metadata as md
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = None
+
+def version_tuple(text):
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+def requirements():
+    """Build requirements, runtime dependencies and the test extra, from pyproject.toml."""
+    if tomllib is None:
+        return ["scikit-build-core>=0.10", "numpy>=2", "ml_dtypes>=0.4", "pytest>=7",
+                "hypothesis>=6", "psutil>=5"]
+    meta = tomllib.loads(Path("pyproject.toml").read_text())
+    return (meta["build-system"]["requires"] + meta["project"]["dependencies"]
+            + meta["project"]["optional-dependencies"]["test"])
+
+def cmake_version():
+    """Version of the cmake scikit-build-core would use (PATH or the cmake wheel)."""
+    candidates = [shutil.which("cmake")]
+    try:
+        import cmake
+        candidates.insert(0, os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))
+    except ImportError:
+        pass
+    best = ()
+    for exe in filter(None, candidates):
+        try:
+            out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+        except OSError:
+            continue
+        best = max(best, version_tuple(out.split("\n")[0]))
+    return best
+
+missing = []
+for req in dict.fromkeys(requirements()):  # in order, once each
+    name, _, minimum = re.match(r"([A-Za-z0-9_.\-]+)\s*(>=\s*([\d.]+))?", req).groups()
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        missing.append(f"{req} (not installed)")
+        continue
+    if minimum and version_tuple(have) < version_tuple(minimum):
+        missing.append(f"{req} (found {have})")
+cmake = cmake_version()
+if cmake < (3, 31):
+    found = ".".join(map(str, cmake)) if cmake else "none"
+    missing.append(f"cmake>=3.31 (found {found})")
+nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+if not os.access(nvcc, os.X_OK):
+    missing.append("the CUDA toolkit (nvcc not on PATH, CUDACXX unset, no /usr/local/cuda)")
+if missing:
+    print("gpu_check: missing build or test prerequisites:", file=sys.stderr)
+    for m in missing:
+        print(f"  - {m}", file=sys.stderr)
+    pips = [m.split(" ")[0] for m in missing if not m.startswith("the CUDA")]
+    if pips:
+        print(f"install them with: {sys.executable} -m pip install " +
+              " ".join(f"'{p}'" for p in pips), file=sys.stderr)
+    sys.exit(1)
+print("all present")
+PY
 
 echo "== build"
 start=$(date +%s)

@@ -42,3 +42,19 @@ def readme_plugin_example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     [block] = [b for b in blocks if "gpu_benchmark" in b]
     return block
+
+
+# ---- the CUDA driver (first-use tests) ------------------------------------------
+
+
+def driver_library_loadable() -> bool:
+    """Whether the NVIDIA driver's library loads in this process (Linux or Windows)."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            pass
+    return False

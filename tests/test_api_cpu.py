@@ -11,13 +11,13 @@ The last section (NoDeviceError) only runs where no GPU is available.
 from __future__ import annotations
 
 import ast
-import ctypes
 import importlib
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _support import driver_library_loadable
 
 import cudalab
 
@@ -138,19 +138,6 @@ def test_runtime_version():
     assert v >= 12000
 
 
-def _driver_library_loadable() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-        return True
-    except OSError:
-        pass
-    try:
-        ctypes.CDLL("nvcuda.dll")
-        return True
-    except OSError:
-        return False
-
-
 def test_driver_version():
     """driver_version() is an int; 0 when no driver is installed; > 0 with a GPU."""
     v = cudalab.driver_version()
@@ -158,7 +145,7 @@ def test_driver_version():
     assert v >= 0
     if cudalab.is_available():
         assert v > 0
-    if not _driver_library_loadable():
+    if not driver_library_loadable():
         assert v == 0
 
 

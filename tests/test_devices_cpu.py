@@ -180,29 +180,42 @@ def test_str_shows_na_for_unknown_peaks():
 
 # ---- device() context manager ----------------------------------------------
 
+REAL_CORE = devices._core
+
 
 class FakeCore:
-    """Records set_device calls and tracks a current device."""
+    """The device functions of _core on a pretend machine: tracks a current device.
+
+    Argument checks that need no GPU (check_only) go to the real extension,
+    so the messages tested are the real ones.
+    """
 
     def __init__(self, current=0):
         self.current = current
         self.calls = []
 
-    def current_device(self):
-        self.calls.append(("current_device",))
-        return self.current
+    def _parse_device(self, device, caller, check_only=False):
+        self.calls.append(("_parse_device", device, caller))
+        if check_only:
+            return REAL_CORE._parse_device(device, caller, check_only=True)
+        return self.current if device is None else device
 
-    def set_device(self, index):
-        self.calls.append(("set_device", index))
-        self.current = index
+    def _exchange_device(self, device, caller):
+        self.calls.append(("_exchange_device", device, caller))
+        previous, self.current = self.current, device
+        return previous
 
     def _device_properties(self, index):
         self.calls.append(("_device_properties", index))
         return raw_props(name=f"fake {index}")
 
 
-class NoCore:
-    """Fails the test if anything touches _core."""
+class CheckOnlyCore:
+    """Fails the test if anything but a GPU-free argument check touches _core."""
+
+    def _parse_device(self, device, caller, check_only=False):
+        assert check_only, "_core._parse_device touched the GPU before the argument was checked"
+        return REAL_CORE._parse_device(device, caller, check_only=True)
 
     def __getattr__(self, name):
         raise AssertionError(f"_core.{name} used before the argument was validated")
@@ -210,14 +223,14 @@ class NoCore:
 
 @pytest.mark.parametrize("bad", ["a", True, False, 1.0, [0]])
 def test_device_rejects_non_int(monkeypatch, bad):
-    monkeypatch.setattr(devices, "_core", NoCore())
-    with pytest.raises(TypeError, match=r"device\(\).*'device'"):
+    monkeypatch.setattr(devices, "_core", CheckOnlyCore())
+    with pytest.raises(TypeError, match=r"^device\(\) argument 'device': expected an int"):
         devices.device(bad)
 
 
 def test_device_rejects_negative(monkeypatch):
-    monkeypatch.setattr(devices, "_core", NoCore())
-    with pytest.raises(ValueError, match=r"device\(\).*'device'.*-1"):
+    monkeypatch.setattr(devices, "_core", CheckOnlyCore())
+    with pytest.raises(ValueError, match=r"^device\(\) argument 'device'.*-1"):
         devices.device(-1)
 
 
@@ -228,7 +241,8 @@ def test_device_sets_and_restores(monkeypatch):
         assert core.current == 1
         assert ctx.idx == 1
     assert core.current == 0
-    assert [c for c in core.calls if c[0] == "set_device"] == [("set_device", 1), ("set_device", 0)]
+    exchanges = [c for c in core.calls if c[0] == "_exchange_device"]
+    assert exchanges == [("_exchange_device", 1, "device"), ("_exchange_device", 0, "device")]
 
 
 def test_device_restores_on_exception(monkeypatch):
@@ -254,16 +268,16 @@ def test_device_nested_and_reentered(monkeypatch):
     assert core.current == 0
 
 
-def test_device_same_as_current_makes_no_set_call(monkeypatch):
+def test_device_same_as_current_keeps_it(monkeypatch):
     core = FakeCore(current=1)
     monkeypatch.setattr(devices, "_core", core)
     with devices.device(1):
-        pass
-    assert not any(c[0] == "set_device" for c in core.calls)
+        assert core.current == 1
+    assert core.current == 1
 
 
 def test_device_none_is_noop(monkeypatch):
-    monkeypatch.setattr(devices, "_core", NoCore())
+    monkeypatch.setattr(devices, "_core", CheckOnlyCore())
     with devices.device(None) as ctx:
         assert ctx.idx is None
 
@@ -285,6 +299,7 @@ def test_get_device_properties_uses_current_device(monkeypatch):
     p = devices.get_device_properties()
     assert p.device == 5
     assert p.name == "fake 5"
+    assert ("_parse_device", None, "get_device_properties") in core.calls
     assert ("_device_properties", 5) in core.calls
 
 
@@ -293,12 +308,16 @@ def test_get_device_name_and_capability(monkeypatch):
     monkeypatch.setattr(devices, "_core", core)
     assert devices.get_device_name(1) == "fake 1"
     assert devices.get_device_capability(1) == (9, 0)
-    assert ("_device_properties", 1) in core.calls
+    assert ("_parse_device", 1, "get_device_name") in core.calls
+    assert ("_parse_device", 1, "get_device_capability") in core.calls
 
 
-def test_get_device_properties_validates_first(monkeypatch):
-    monkeypatch.setattr(devices, "_core", NoCore())
-    with pytest.raises(TypeError, match=r"get_device_properties\(\).*'device'"):
-        devices.get_device_properties("0")
-    with pytest.raises(ValueError, match=r"get_device_properties\(\)"):
-        devices.get_device_properties(-2)
+@pytest.mark.parametrize(
+    "func", ["get_device_properties", "get_device_name", "get_device_capability"]
+)
+def test_device_queries_check_their_argument(func):
+    """The real extension checks `device` before any GPU access, naming the caller."""
+    with pytest.raises(TypeError, match=rf"^{func}\(\) argument 'device': expected an int"):
+        getattr(devices, func)("0")
+    with pytest.raises(ValueError, match=rf"^{func}\(\) argument 'device'.*-2"):
+        getattr(devices, func)(-2)

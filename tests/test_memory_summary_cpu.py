@@ -132,20 +132,23 @@ class FakeCore:
     def __init__(self, current=0):
         self.current = current
         self.asked = []
+        self.parsed = []
+
+    def _parse_device(self, device, caller, check_only=False):
+        self.parsed.append((device, caller))
+        return self.current if device is None else device
 
     def memory_stats(self, device=None):
         self.asked.append(device)
         return fake_stats()
-
-    def current_device(self):
-        return self.current
 
 
 def test_memory_summary_current_device(monkeypatch):
     core = FakeCore(current=4)
     monkeypatch.setattr(memory, "_core", core)
     text = memory.memory_summary()
-    assert core.asked == [None]
+    assert core.parsed == [(None, "memory_summary")]
+    assert core.asked == [4]
     assert "device 4" in text
     assert text == format_memory_summary(fake_stats(), 4)
 

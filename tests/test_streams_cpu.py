@@ -90,10 +90,10 @@ def test_cudagraph_fresh_state():
     g = CUDAGraph()
     assert g.capturing is False
     assert g.captured is False
-    with pytest.raises(RuntimeError, match="nothing captured"):
+    with pytest.raises(cudalab.CudalabError, match=r"^replay\(\): nothing captured"):
         g.replay()
     g.reset()  # nothing to reset: fine
-    with pytest.raises(RuntimeError, match="not capturing"):
+    with pytest.raises(cudalab.CudalabError, match=r"^capture_end\(\): .*not capturing"):
         g.capture_end()
     g._abort_capture()  # no-op
 
@@ -105,8 +105,7 @@ def test_capture_begin_type():
 
 def test_stream_helper_type():
     with pytest.raises(TypeError, match=r"^stream\(\) argument 's'"):
-        with cudalab.stream(5):
-            pass
+        cudalab.stream(5)  # checked when called, before any `with`
     with cudalab.stream(None) as s:  # None: a no-op, as torch.cuda.stream(None)
         assert s is None
 
@@ -125,7 +124,7 @@ def test_no_device(make):
 
 @no_gpu_only
 def test_graph_context_no_device():
-    with pytest.raises(cudalab.NoDeviceError):
+    with pytest.raises(cudalab.NoDeviceError, match=r"^graph\(\): no CUDA device"):
         with cudalab.graph(CUDAGraph()):
             pass
 

@@ -9,6 +9,7 @@ inside the block, which orders on the current stream)."""
 from __future__ import annotations
 
 import gc
+import re
 import threading
 
 import numpy as np
@@ -439,6 +440,84 @@ def test_uncapturable_op_raises_and_stream_stays_usable(rng, bad):
         z = x + 3.0
     g.replay()
     np.testing.assert_allclose(z.get(), x_h + 3.0, rtol=1e-6)
+
+
+# Calls CUDA would refuse while this thread captures (and would invalidate the
+# capture for): cudalab refuses them first, so a caught error leaves the capture
+# intact. Arguments: an array, the capture stream, a recorded timing event.
+REFUSED_WHILE_CAPTURING = {
+    "synchronize": lambda x, cap, ev: cl.synchronize(),
+    "Stream.synchronize": lambda x, cap, ev: cap.synchronize(),
+    "Stream.query": lambda x, cap, ev: cap.query(),
+    "Event.synchronize": lambda x, cap, ev: ev.synchronize(),
+    "Event.query": lambda x, cap, ev: ev.query(),
+    "elapsed_time": lambda x, cap, ev: ev.elapsed_time(ev),
+    "get": lambda x, cap, ev: x.get(),
+    "asnumpy": lambda x, cap, ev: cl.asnumpy(x),
+    "asarray": lambda x, cap, ev: cl.asarray(np.ones(5, dtype=np.float32)),
+    "empty_cache": lambda x, cap, ev: cl.empty_cache(),
+    "pinned_empty": lambda x, cap, ev: cl.pinned_empty(4),
+}
+
+
+@pytest.mark.parametrize("op", sorted(REFUSED_WHILE_CAPTURING))
+def test_capture_refuses_unsafe_calls_and_stays_valid(rng, op):
+    x_h = rng.standard_normal(1001, dtype=np.float32)
+    x = cl.asarray(x_h)
+    ev = Event()
+    ev.record()
+    ev.synchronize()
+    g, cap = CUDAGraph(), Stream()
+    with cl.graph(g, stream=cap):
+        y = x * 2.0
+        with pytest.raises(cl.CudalabError,
+                           match=rf"^{re.escape(op)}\(\): .*while this thread captures"):
+            REFUSED_WHILE_CAPTURING[op](x, cap, ev)
+        z = y + 1.0
+    assert g.captured
+    x += 0.5  # replay reads x's values now
+    g.replay()
+    np.testing.assert_allclose(z.get(), (x_h + 0.5) * 2.0 + 1.0, rtol=1e-6)
+
+
+def test_capture_takes_pinned_async_copies(rng):
+    n = 513
+    x_h = rng.standard_normal(n, dtype=np.float32)
+    src, out = cl.pinned_empty(n), cl.pinned_empty(n)
+    src[:] = x_h
+    out[:] = np.nan
+    g = CUDAGraph()
+    with cl.graph(g):
+        d = cl.asarray(src, non_blocking=True)
+        (d * 3.0).get(out=out, non_blocking=True)
+    assert np.isnan(out).all()  # captured, not run
+    g.replay()
+    cl.synchronize()
+    np.testing.assert_allclose(out, x_h * 3.0, rtol=1e-6)
+    src[:] = -x_h  # the graph reads the pinned source at each replay
+    g.replay()
+    cl.synchronize()
+    np.testing.assert_allclose(out, -x_h * 3.0, rtol=1e-6)
+
+
+def test_replay_out_of_order_raises_cudalab_error(rng):
+    x = cl.asarray(rng.standard_normal(64, dtype=np.float32))
+    g = CUDAGraph()
+    with pytest.raises(cl.CudalabError, match=r"^replay\(\): nothing captured yet"):
+        g.replay()
+    with cl.graph(g):
+        with pytest.raises(cl.CudalabError, match=r"^replay\(\): the graph is still capturing"):
+            g.replay()
+        y = x + 1.0
+    g.replay()
+    np.testing.assert_allclose(y.get(), x.get() + 1.0, rtol=1e-6)
+    # A capture that failed leaves nothing to replay.
+    h = CUDAGraph()
+    with pytest.raises(ZeroDivisionError), cl.graph(h):
+        x * 2.0
+        raise ZeroDivisionError
+    with pytest.raises(cl.CudalabError, match="nothing captured yet"):
+        h.replay()
 
 
 def test_graph_errors_inside_block_propagate_unchanged(rng):

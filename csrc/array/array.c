@@ -30,11 +30,14 @@ cl_c_strides(int ndim, const Py_ssize_t *shape, size_t itemsize, Py_ssize_t *str
     }
 }
 
-bool
-cl_is_c_contiguous(const DeviceArray *a)
+/* Contiguous with the last axis varying fastest (C order) or the first
+ * (Fortran order). Extent-1 axes take any stride; an empty array is both. */
+static bool
+is_contiguous_in(const DeviceArray *a, bool c_order)
 {
     Py_ssize_t expected = (Py_ssize_t)cl_itemsize(a->dtype);
-    for (int i = a->ndim - 1; i >= 0; i--) {
+    for (int k = 0; k < a->ndim; k++) {
+        int i = c_order ? a->ndim - 1 - k : k;
         if (a->shape[i] == 0) {
             return true;
         }
@@ -47,19 +50,15 @@ cl_is_c_contiguous(const DeviceArray *a)
 }
 
 bool
+cl_is_c_contiguous(const DeviceArray *a)
+{
+    return is_contiguous_in(a, true);
+}
+
+bool
 cl_is_f_contiguous(const DeviceArray *a)
 {
-    Py_ssize_t expected = (Py_ssize_t)cl_itemsize(a->dtype);
-    for (int i = 0; i < a->ndim; i++) {
-        if (a->shape[i] == 0) {
-            return true;
-        }
-        if (a->shape[i] != 1 && a->strides[i] != expected) {
-            return false;
-        }
-        expected *= a->shape[i];
-    }
-    return true;
+    return is_contiguous_in(a, false);
 }
 
 bool
@@ -270,24 +269,27 @@ cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a, cl_dtyp
 DeviceArray *
 cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype)
 {
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, func, a->device);
-    DeviceArray *out = cl_array_contiguous_copy(st, func, a, dtype);
-    if (CL_PROF_ACTIVE(&ps)) {
-        /* Read once in a's dtype, written once in `dtype`. */
-        cl_prof_info info = {
-            .dtype = (int)dtype,
-            .bytes = (int64_t)cl_array_size(a) *
-                     (int64_t)(cl_itemsize(a->dtype) + cl_itemsize(dtype)),
-            .flops = -1,
-            .ninputs = 1,
-            .inputs = {a},
-            .out_ndim = a->ndim,
-            .out_shape = a->shape,
-        };
-        cl_prof_end(st, &ps, out != NULL ? &info : NULL);
+    cl_op op;
+    cl_op_init(&op, st, func);
+    if (cl_op_same_device(&op, a, "a") < 0 || cl_op_begin(&op) < 0) {
+        return NULL;
     }
-    return out;
+    cl_op_use(&op, a);
+    DeviceArray *out = cl_op_new(&op, a->ndim, a->shape, NULL, dtype);
+    if (out != NULL && cl_array_copy_into(st, out, a) < 0) {
+        Py_CLEAR(out);
+    }
+    /* Read once in a's dtype, written once in `dtype`. */
+    cl_prof_info info = {
+        .dtype = (int)dtype,
+        .bytes = (int64_t)cl_array_size(a) * (int64_t)(cl_itemsize(a->dtype) + cl_itemsize(dtype)),
+        .flops = -1,
+        .ninputs = 1,
+        .inputs = {a},
+        .out_ndim = a->ndim,
+        .out_shape = a->shape,
+    };
+    return (DeviceArray *)cl_op_end(&op, (PyObject *)out, CL_OP_PROFILING(&op) ? &info : NULL);
 }
 
 /* ---- type slots ------------------------------------------------------------ */
@@ -534,29 +536,28 @@ same_dense_layout(const DeviceArray *a, PyArrayObject *out)
     return true;
 }
 
-/* get()'s `out`: checked before any GPU call. */
+/* The host copy's `out`: checked before any GPU call. */
 static int
-check_get_out(cl_state *st, DeviceArray *self, PyObject *obj)
+check_host_out(cl_state *st, const char *func, const DeviceArray *a, PyObject *obj)
 {
     if (!PyArray_Check(obj)) {
-        return cl_arg_error(PyExc_TypeError, "get", "out", "expected a numpy.ndarray, got %.100s",
-                            Py_TYPE(obj)->tp_name);
+        return cl_expected_type_error(func, "out", "a numpy.ndarray", obj);
     }
     PyArrayObject *out = (PyArrayObject *)obj;
-    if (!PyArray_EquivTypes(PyArray_DESCR(out), st->descr[self->dtype])) {
-        return cl_arg_error(PyExc_TypeError, "get", "out",
+    if (!PyArray_EquivTypes(PyArray_DESCR(out), st->descr[a->dtype])) {
+        return cl_arg_error(PyExc_TypeError, func, "out",
                             "dtype %R does not match the array's dtype %s",
-                            (PyObject *)PyArray_DESCR(out), cl_dtype_name(self->dtype));
+                            (PyObject *)PyArray_DESCR(out), cl_dtype_name(a->dtype));
     }
-    bool same_shape = PyArray_NDIM(out) == self->ndim;
-    for (int i = 0; same_shape && i < self->ndim; i++) {
-        same_shape = PyArray_DIMS(out)[i] == self->shape[i];
+    bool same_shape = PyArray_NDIM(out) == a->ndim;
+    for (int i = 0; same_shape && i < a->ndim; i++) {
+        same_shape = PyArray_DIMS(out)[i] == a->shape[i];
     }
     if (!same_shape) {
-        PyObject *want = cl_shape_tuple(self->ndim, self->shape);
+        PyObject *want = cl_shape_tuple(a->ndim, a->shape);
         PyObject *got = cl_shape_tuple(PyArray_NDIM(out), PyArray_DIMS(out));
         if (want != NULL && got != NULL) {
-            cl_arg_error(PyExc_ValueError, "get", "out",
+            cl_arg_error(PyExc_ValueError, func, "out",
                          "shape %R does not match the array's shape %R", got, want);
         }
         Py_XDECREF(want);
@@ -564,98 +565,101 @@ check_get_out(cl_state *st, DeviceArray *self, PyObject *obj)
         return -1;
     }
     if (!PyArray_ISWRITEABLE(out)) {
-        return cl_arg_error(PyExc_ValueError, "get", "out", "is read-only");
+        return cl_arg_error(PyExc_ValueError, func, "out", "is read-only");
     }
-    if (!PyArray_IS_C_CONTIGUOUS(out) && !same_dense_layout(self, out)) {
-        return cl_arg_error(PyExc_ValueError, "get", "out",
+    if (!PyArray_IS_C_CONTIGUOUS(out) && !same_dense_layout(a, out)) {
+        return cl_arg_error(PyExc_ValueError, func, "out",
                             "must be C-contiguous (or have the array's own dense layout)");
     }
     return 0;
+}
+
+/* The NumPy array the bytes of `src` (dense) land in: `out_obj`, or a new
+ * one with src's layout. New reference. */
+static PyArrayObject *
+host_destination(cl_state *st, const DeviceArray *src, PyObject *out_obj)
+{
+    if (out_obj != NULL) {
+        return (PyArrayObject *)Py_NewRef(out_obj);
+    }
+    PyArray_Descr *descr = st->descr[src->dtype];
+    Py_INCREF(descr); /* stolen below */
+    return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
+                                                 src->strides, NULL, NPY_ARRAY_WRITEABLE, NULL);
+}
+
+/* Copy dense `src` into `out` on the op's stream; wait for it unless `async`. */
+static int
+copy_to_host(cl_op *op, PyArrayObject *out, const DeviceArray *src, bool async)
+{
+    size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
+    cudaError_t err = cudaSuccess;
+    if (nbytes > 0) {
+        err = cudaMemcpyAsync(PyArray_DATA(out), src->data, nbytes, cudaMemcpyDeviceToHost,
+                              op->stream);
+    }
+    cl_prof_gpu_done(op->st, &op->prof);
+    if (err == cudaSuccess && nbytes > 0 && !async) {
+        /* Pageable (or blocking) destination: wait for the stream. */
+        CL_WITHOUT_GIL(err = cudaStreamSynchronize(op->stream));
+    }
+    CL_CUDA_CHECK(op->st, err);
+    return 0;
+fail:
+    return -1;
+}
+
+PyObject *
+cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out_obj,
+                 bool non_blocking)
+{
+    cl_op op;
+    PyArrayObject *out = NULL;
+    cl_op_init(&op, st, func);
+    if ((out_obj != NULL && check_host_out(st, func, a, out_obj) < 0) ||
+        cl_op_same_device(&op, a, "a") < 0 || cl_op_begin(&op) < 0) {
+        return NULL;
+    }
+    bool async = non_blocking && out_obj != NULL &&
+                 cl_host_is_pinned(PyArray_DATA((PyArrayObject *)out_obj));
+    if (!async && cl_refuse_while_capturing(st, func, "a copy to pageable host memory") < 0) {
+        return cl_op_end(&op, NULL, NULL);
+    }
+    cl_op_use(&op, a);
+    /* The bytes that cross: `a` itself when the destination can take its
+     * layout as one block, else a C-contiguous device copy. */
+    bool direct = out_obj == NULL ? cl_is_dense(a)
+                                  : same_dense_layout(a, (PyArrayObject *)out_obj) ||
+                                        cl_is_c_contiguous(a);
+    DeviceArray *src = direct ? (DeviceArray *)Py_NewRef(a)
+                              : cl_array_contiguous_copy(st, func, a, a->dtype);
+    if (src != NULL) {
+        out = host_destination(st, src, out_obj);
+        if (out != NULL && copy_to_host(&op, out, src, async) < 0) {
+            Py_CLEAR(out);
+        }
+    }
+    /* Bytes: what crosses to the host (a compaction on the device first, for
+     * views with gaps, is not counted). */
+    cl_prof_info info = {.dtype = (int)a->dtype, .bytes = cl_prof_nbytes(a), .flops = -1,
+                         .ninputs = 1, .inputs = {a}, .out_ndim = a->ndim,
+                         .out_shape = a->shape};
+    Py_XDECREF(src);
+    return cl_op_end(&op, (PyObject *)out, CL_OP_PROFILING(&op) ? &info : NULL);
 }
 
 static PyObject *
 DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"out", "non_blocking", NULL};
-    cl_state *st = cl_state_from_type(Py_TYPE(self));
     PyObject *argv[2];
-    DeviceArray *src = self;
-    PyArrayObject *out = NULL;
     int non_blocking = 0;
-    if (cl_parse_args("get", args, nargs, kwnames, names, 0, argv) < 0) {
+    if (cl_parse_args("get", args, nargs, kwnames, names, 0, argv) < 0 ||
+        (argv[1] != NULL && (non_blocking = PyObject_IsTrue(argv[1])) < 0)) {
         return NULL;
     }
-    if (argv[1] != NULL && (non_blocking = PyObject_IsTrue(argv[1])) < 0) {
-        return NULL;
-    }
-    PyObject *out_obj = argv[0] != NULL && argv[0] != Py_None ? argv[0] : NULL;
-    if (out_obj != NULL && check_get_out(st, self, out_obj) < 0) {
-        return NULL;
-    }
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, "get", self->device);
-    /* The bytes that cross: `self` itself when `out` (or a new array) can
-     * take its layout as one block, else a C-contiguous device copy. */
-    bool direct = out_obj == NULL ? cl_is_dense(self)
-                                  : same_dense_layout(self, (PyArrayObject *)out_obj) ||
-                                        cl_is_c_contiguous(self);
-    if (!direct) {
-        src = cl_array_contiguous_copy(st, "get", self, self->dtype);
-        if (src == NULL) {
-            cl_prof_end(st, &ps, NULL);
-            return NULL;
-        }
-    }
-    else {
-        Py_INCREF(src);
-    }
-    if (out_obj != NULL) {
-        out = (PyArrayObject *)Py_NewRef(out_obj);
-    }
-    else {
-        PyArray_Descr *descr = st->descr[src->dtype];
-        Py_INCREF(descr); /* stolen below */
-        out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
-                                                    src->strides, NULL, NPY_ARRAY_WRITEABLE,
-                                                    NULL);
-        if (out == NULL) {
-            goto fail;
-        }
-    }
-    size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
-    if (nbytes > 0) {
-        cudaError_t err;
-        int previous;
-        if (cl_device_enter(st, src->device, &previous) < 0) {
-            goto fail;
-        }
-        cudaStream_t stream = cl_current_stream(st);
-        bool async = non_blocking && cl_host_is_pinned(PyArray_DATA(out));
-        err = cudaMemcpyAsync(PyArray_DATA(out), src->data, nbytes, cudaMemcpyDeviceToHost,
-                              stream);
-        cl_prof_gpu_done(st, &ps);
-        if (err == cudaSuccess && !async) {
-            /* Pageable (or blocking) destination: wait for the stream. */
-            CL_WITHOUT_GIL(err = cudaStreamSynchronize(stream));
-        }
-        cl_device_exit(src->device, previous);
-        CL_CUDA_CHECK(st, err);
-    }
-    if (CL_PROF_ACTIVE(&ps)) {
-        /* Bytes: what crosses to the host (a compaction on the device first,
-         * for views with gaps, is not counted). */
-        cl_prof_info info = {.dtype = (int)self->dtype, .bytes = (int64_t)nbytes, .flops = -1,
-                             .ninputs = 1, .inputs = {self}, .out_ndim = self->ndim,
-                             .out_shape = self->shape};
-        cl_prof_end(st, &ps, &info);
-    }
-    Py_DECREF(src);
-    return (PyObject *)out;
-fail:
-    cl_prof_end(st, &ps, NULL);
-    Py_XDECREF(out);
-    Py_DECREF(src);
-    return NULL;
+    return cl_array_to_host(cl_state_from_type(Py_TYPE(self)), "get", self,
+                            argv[0] == Py_None ? NULL : argv[0], non_blocking != 0);
 }
 
 PyDoc_STRVAR(copy_doc,
@@ -803,76 +807,85 @@ PyDoc_STRVAR(reshape_doc,
 "Returns a view when the layout allows it (as NumPy does), otherwise a\n"
 "C-contiguous copy.");
 
+/* reshape()'s arguments as a tuple: several ints, or one int or sequence. */
+static PyObject *
+reshape_items(PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *seq;
+    if (nargs != 1) {
+        seq = PyTuple_New(nargs);
+        for (Py_ssize_t i = 0; seq != NULL && i < nargs; i++) {
+            PyTuple_SET_ITEM(seq, i, Py_NewRef(args[i]));
+        }
+        return seq;
+    }
+    seq = PyIndex_Check(args[0]) ? PyTuple_Pack(1, args[0]) : PySequence_Tuple(args[0]);
+    if (seq == NULL) {
+        PyErr_Clear();
+        cl_arg_error(PyExc_TypeError, "reshape", "shape", "expected an int or a sequence of ints");
+    }
+    return seq;
+}
+
+/* The new shape, with a -1 entry resolved against `size` elements. -1 is
+ * allowed once here, so this does not use cl_parse_shape. */
+static int
+parse_new_shape(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t size, int *ndim,
+                Py_ssize_t *shape)
+{
+    PyObject *seq = reshape_items(args, nargs);
+    if (seq == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    int unknown = -1, rc = 0;
+    Py_ssize_t known = 1;
+    if (n > CL_MAX_NDIM) {
+        rc = cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                          "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM);
+    }
+    for (int i = 0; rc == 0 && i < n; i++) {
+        rc = cl_parse_index(PyTuple_GET_ITEM(seq, i), "reshape", "shape", &shape[i]);
+        if (rc == 0 && shape[i] == -1 && unknown >= 0) {
+            rc = cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                              "can only specify one unknown dimension");
+        }
+        else if (rc == 0 && shape[i] < -1) {
+            rc = cl_arg_error(PyExc_ValueError, "reshape", "shape", "negative dimension %zd",
+                              shape[i]);
+        }
+        unknown = rc == 0 && shape[i] == -1 ? i : unknown;
+        known *= rc == 0 && shape[i] >= 0 ? shape[i] : 1;
+    }
+    Py_DECREF(seq);
+    if (rc < 0) {
+        return -1;
+    }
+    *ndim = (int)n;
+    if (unknown >= 0 && known != 0 && size % known == 0) {
+        shape[unknown] = size / known;
+    }
+    else if (unknown >= 0 || known != size) {
+        PyObject *t = cl_shape_tuple(*ndim, shape);
+        if (t != NULL) {
+            cl_arg_error(PyExc_ValueError, "reshape", "shape",
+                         "cannot reshape array of size %zd into shape %R", size, t);
+            Py_DECREF(t);
+        }
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
 {
     cl_state *st = cl_state_from_type(Py_TYPE(self));
     Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
     int ndim;
-    PyObject *shape_obj;
-    if (nargs == 1) {
-        shape_obj = Py_NewRef(args[0]);
-    }
-    else {
-        shape_obj = PyTuple_New(nargs);
-        if (shape_obj == NULL) {
-            return NULL;
-        }
-        for (Py_ssize_t i = 0; i < nargs; i++) {
-            PyTuple_SET_ITEM(shape_obj, i, Py_NewRef(args[i]));
-        }
-    }
-    /* -1 is allowed once here, so parse by hand rather than cl_parse_shape. */
-    PyObject *seq = PyLong_Check(shape_obj) || PyIndex_Check(shape_obj)
-                        ? PyTuple_Pack(1, shape_obj)
-                        : PySequence_Tuple(shape_obj);
-    Py_DECREF(shape_obj);
-    if (seq == NULL) {
-        PyErr_Clear();
-        return cl_arg_error(PyExc_TypeError, "reshape", "shape",
-                            "expected an int or a sequence of ints"), NULL;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    if (n > CL_MAX_NDIM) {
-        Py_DECREF(seq);
-        return cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                            "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM), NULL;
-    }
-    ndim = (int)n;
-    int unknown = -1;
-    Py_ssize_t known = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (cl_parse_index(PyTuple_GET_ITEM(seq, i), "reshape", "shape", &shape[i]) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        if (shape[i] == -1) {
-            if (unknown >= 0) {
-                Py_DECREF(seq);
-                return cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                                    "can only specify one unknown dimension"), NULL;
-            }
-            unknown = i;
-        }
-        else if (shape[i] < 0) {
-            Py_DECREF(seq);
-            return cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                                "negative dimension %zd", shape[i]), NULL;
-        }
-        else {
-            known *= shape[i];
-        }
-    }
-    Py_DECREF(seq);
     Py_ssize_t size = cl_array_size(self);
-    if (unknown >= 0) {
-        if (known == 0 || size % known != 0) {
-            goto mismatch;
-        }
-        shape[unknown] = size / known;
-    }
-    else if (known != size) {
-        goto mismatch;
+    if (parse_new_shape(args, nargs, size, &ndim, shape) < 0) {
+        return NULL;
     }
     if (size == 0) {
         cl_c_strides(ndim, shape, cl_itemsize(self->dtype), strides);
@@ -881,29 +894,17 @@ DeviceArray_reshape(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs)
     if (reshape_strides(self, ndim, shape, strides)) {
         return (PyObject *)cl_array_view(st, self, self->data, ndim, shape, strides);
     }
-    {
-        DeviceArray *c = cl_array_copy_op(st, "reshape", self, self->dtype);
-        if (c == NULL) {
-            return NULL;
-        }
-        /* The copy is a fresh owner: give it the new shape in place. */
-        c->ndim = ndim;
-        for (int i = 0; i < ndim; i++) {
-            c->shape[i] = shape[i];
-        }
-        cl_c_strides(ndim, shape, cl_itemsize(c->dtype), c->strides);
-        return (PyObject *)c;
-    }
-mismatch:
-    {
-        PyObject *t = cl_shape_tuple(ndim, shape);
-        if (t != NULL) {
-            cl_arg_error(PyExc_ValueError, "reshape", "shape",
-                         "cannot reshape array of size %zd into shape %R", size, t);
-            Py_DECREF(t);
-        }
+    DeviceArray *c = cl_array_copy_op(st, "reshape", self, self->dtype);
+    if (c == NULL) {
         return NULL;
     }
+    /* The copy is a fresh owner: give it the new shape in place. */
+    c->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        c->shape[i] = shape[i];
+    }
+    cl_c_strides(ndim, shape, cl_itemsize(c->dtype), c->strides);
+    return (PyObject *)c;
 }
 
 PyDoc_STRVAR(array_doc,
@@ -922,119 +923,150 @@ DeviceArray_array(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, Py
 
 /* ---- indexing -------------------------------------------------------------- */
 
+/* The view an index builds, axis by axis. */
+typedef struct view_builder {
+    const DeviceArray *src;
+    char *data;
+    int ndim;  /* axes of the view so far */
+    int dim;   /* next axis of src to index */
+    Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
+} view_builder;
+
+static int
+view_push(view_builder *v, Py_ssize_t extent, Py_ssize_t stride)
+{
+    if (v->ndim >= CL_MAX_NDIM) {
+        PyErr_Format(PyExc_IndexError, "the result would have more than %d dimensions",
+                     CL_MAX_NDIM);
+        return -1;
+    }
+    v->shape[v->ndim] = extent;
+    v->strides[v->ndim++] = stride;
+    return 0;
+}
+
+/* src's next axis, unindexed. */
+static int
+view_keep_axis(view_builder *v)
+{
+    int d = v->dim++;
+    return view_push(v, v->src->shape[d], v->src->strides[d]);
+}
+
+static int
+view_slice(view_builder *v, PyObject *item)
+{
+    Py_ssize_t start, stop, step;
+    int d = v->dim++;
+    if (PySlice_Unpack(item, &start, &stop, &step) < 0) {
+        return -1; /* step 0: ValueError from Python */
+    }
+    if (step < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "DeviceArray indexing: negative slice steps are not supported "
+                        "(views keep non-negative strides); copy with .get() and "
+                        "flip on the host, or reverse explicitly");
+        return -1;
+    }
+    Py_ssize_t count = PySlice_AdjustIndices(v->src->shape[d], &start, &stop, step);
+    if (count > 0) {
+        v->data += start * v->src->strides[d];
+    }
+    return view_push(v, count, v->src->strides[d] * step);
+}
+
+static int
+view_integer(view_builder *v, PyObject *item)
+{
+    int d = v->dim++;
+    Py_ssize_t index = PyNumber_AsSsize_t(item, PyExc_IndexError);
+    if (index == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t extent = v->src->shape[d];
+    if (index < -extent || index >= extent) {
+        PyErr_Format(PyExc_IndexError, "index %zd is out of bounds for axis %d with size %zd",
+                     index, d, extent);
+        return -1;
+    }
+    v->data += (index < 0 ? index + extent : index) * v->src->strides[d];
+    return 0;
+}
+
+/* One item of the index; `skipped` axes stand for an Ellipsis. */
+static int
+view_item(view_builder *v, PyObject *item, int skipped)
+{
+    if (item == Py_Ellipsis) {
+        for (int k = 0; k < skipped; k++) {
+            if (view_keep_axis(v) < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (item == Py_None) {
+        return view_push(v, 1, 0);
+    }
+    if (PySlice_Check(item)) {
+        return view_slice(v, item);
+    }
+    if (!PyBool_Check(item) && !PyArray_Check(item) && PyIndex_Check(item)) {
+        return view_integer(v, item);
+    }
+    PyErr_Format(PyExc_TypeError,
+                 "DeviceArray indices must be integers, slices (positive steps), Ellipsis or "
+                 "None, not %.100s (advanced indexing is not supported)",
+                 Py_TYPE(item)->tp_name);
+    return -1;
+}
+
+/* How many of the array's axes the items index (all but Ellipsis and None),
+ * or -1 with IndexError. */
+static int
+indexed_axes(const DeviceArray *a, PyObject *items)
+{
+    int consumed = 0, ellipses = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        ellipses += item == Py_Ellipsis;
+        consumed += item != Py_Ellipsis && item != Py_None;
+    }
+    if (ellipses > 1) {
+        PyErr_SetString(PyExc_IndexError, "an index can only have a single ellipsis ('...')");
+        return -1;
+    }
+    if (consumed > a->ndim) {
+        PyErr_Format(PyExc_IndexError,
+                     "too many indices for DeviceArray: array is %d-dimensional, but %d were "
+                     "indexed", a->ndim, consumed);
+        return -1;
+    }
+    return consumed;
+}
+
 static PyObject *
 DeviceArray_subscript(DeviceArray *self, PyObject *key)
 {
-    cl_state *st = cl_state_from_type(Py_TYPE(self));
-    Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
-    int ndim = 0, dim = 0;
-    char *data = self->data;
+    view_builder v = {.src = self, .data = self->data, .ndim = 0, .dim = 0};
     PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
     if (items == NULL) {
         return NULL;
     }
-    Py_ssize_t nitems = PyTuple_GET_SIZE(items);
-    /* How many axes the non-Ellipsis, non-None items consume. */
-    int consumed = 0, ellipses = 0;
-    for (Py_ssize_t i = 0; i < nitems; i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, i);
-        if (item == Py_Ellipsis) {
-            ellipses++;
-        }
-        else if (item != Py_None) {
-            consumed++;
-        }
+    int consumed = indexed_axes(self, items);
+    int rc = consumed < 0 ? -1 : 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(items); i++) {
+        rc = view_item(&v, PyTuple_GET_ITEM(items, i), self->ndim - consumed);
     }
-    if (ellipses > 1) {
-        Py_DECREF(items);
-        PyErr_SetString(PyExc_IndexError, "an index can only have a single ellipsis ('...')");
-        return NULL;
-    }
-    if (consumed > self->ndim) {
-        Py_DECREF(items);
-        PyErr_Format(PyExc_IndexError,
-                     "too many indices for DeviceArray: array is %d-dimensional, but %d were "
-                     "indexed", self->ndim, consumed);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < nitems; i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, i);
-        if (item == Py_Ellipsis) {
-            for (int k = 0; k < self->ndim - consumed; k++) {
-                shape[ndim] = self->shape[dim];
-                strides[ndim++] = self->strides[dim++];
-            }
-        }
-        else if (item == Py_None) {
-            if (ndim >= CL_MAX_NDIM) {
-                goto too_many_dims;
-            }
-            shape[ndim] = 1;
-            strides[ndim++] = 0;
-        }
-        else if (PySlice_Check(item)) {
-            Py_ssize_t start, stop, step;
-            if (PySlice_Unpack(item, &start, &stop, &step) < 0) {
-                goto fail; /* step 0: ValueError from Python */
-            }
-            if (step < 0) {
-                PyErr_SetString(PyExc_ValueError,
-                                "DeviceArray indexing: negative slice steps are not supported "
-                                "(views keep non-negative strides); copy with .get() and "
-                                "flip on the host, or reverse explicitly");
-                goto fail;
-            }
-            Py_ssize_t count = PySlice_AdjustIndices(self->shape[dim], &start, &stop, step);
-            if (count > 0) {
-                data += start * self->strides[dim];
-            }
-            if (ndim >= CL_MAX_NDIM) {
-                goto too_many_dims;
-            }
-            shape[ndim] = count;
-            strides[ndim++] = self->strides[dim] * step;
-            dim++;
-        }
-        else if (!PyBool_Check(item) && !PyArray_Check(item) && PyIndex_Check(item)) {
-            Py_ssize_t index = PyNumber_AsSsize_t(item, PyExc_IndexError);
-            if (index == -1 && PyErr_Occurred()) {
-                goto fail;
-            }
-            Py_ssize_t extent = self->shape[dim];
-            if (index < -extent || index >= extent) {
-                PyErr_Format(PyExc_IndexError,
-                             "index %zd is out of bounds for axis %d with size %zd", index, dim,
-                             extent);
-                goto fail;
-            }
-            if (index < 0) {
-                index += extent;
-            }
-            data += index * self->strides[dim];
-            dim++;
-        }
-        else {
-            PyErr_Format(PyExc_TypeError,
-                         "DeviceArray indices must be integers, slices (positive steps), "
-                         "Ellipsis or None, not %.100s (advanced indexing is not supported)",
-                         Py_TYPE(item)->tp_name);
-            goto fail;
-        }
-    }
-    while (dim < self->ndim) { /* unindexed trailing axes */
-        if (ndim >= CL_MAX_NDIM) {
-            goto too_many_dims;
-        }
-        shape[ndim] = self->shape[dim];
-        strides[ndim++] = self->strides[dim++];
+    while (rc == 0 && v.dim < self->ndim) { /* unindexed trailing axes */
+        rc = view_keep_axis(&v);
     }
     Py_DECREF(items);
-    return (PyObject *)cl_array_view(st, self, data, ndim, shape, strides);
-too_many_dims:
-    PyErr_Format(PyExc_IndexError, "the result would have more than %d dimensions", CL_MAX_NDIM);
-fail:
-    Py_DECREF(items);
-    return NULL;
+    if (rc < 0) {
+        return NULL;
+    }
+    return (PyObject *)cl_array_view(cl_state_from_type(Py_TYPE(self)), self, v.data, v.ndim,
+                                     v.shape, v.strides);
 }
 
 PyDoc_STRVAR(record_stream_doc,

@@ -80,6 +80,11 @@ DeviceArray *cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArra
 /* The same as a user-visible op (copy, astype, ascontiguousarray, asarray of a
  * device array to another dtype): profiled and NVTX-marked as `func`. */
 DeviceArray *cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype);
+/* get() and asnumpy(): `a` copied to a new NumPy array, or into `out` (NULL:
+ * none), checked and named as `func`. Asynchronous only with non_blocking and
+ * a pinned `out`; a copy that must wait is refused during graph capture. */
+PyObject *cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out,
+                           bool non_blocking);
 
 /* ---- dtype (dtype.c) ----------------------------------------------------- */
 

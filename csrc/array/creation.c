@@ -32,9 +32,7 @@ cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
         }
     }
     else {
-        return cl_arg_error(PyExc_TypeError, func, param,
-                            "expected an int or a tuple of ints, got %.100s",
-                            Py_TYPE(obj)->tp_name);
+        return cl_expected_type_error(func, param, "an int or a tuple of ints", obj);
     }
     for (int i = 0; i < *ndim; i++) {
         if (shape[i] < 0) {
@@ -50,8 +48,7 @@ static DeviceArray *
 expect_array(cl_state *st, PyObject *obj, const char *func)
 {
     if (!CL_IS_DEVICEARRAY(st, obj)) {
-        cl_arg_error(PyExc_TypeError, func, "a", "expected a cudalab.DeviceArray, got %.100s",
-                     Py_TYPE(obj)->tp_name);
+        cl_expected_array_error(func, "a", obj, false);
         return NULL;
     }
     return (DeviceArray *)obj;
@@ -94,8 +91,7 @@ check_fill_value(cl_state *st, PyObject *value, const char *func)
             return 0;
         }
     }
-    return cl_arg_error(PyExc_TypeError, func, "fill_value",
-                        "expected a real number or bool, got %.100s", Py_TYPE(value)->tp_name);
+    return cl_expected_type_error(func, "fill_value", "a real number or bool", value);
 }
 
 /* dtype=None for full(): bool -> bool, int -> int64, float -> float32 (as
@@ -124,40 +120,29 @@ static PyObject *
 make_filled(cl_state *st, const char *func, int ndim, const Py_ssize_t *shape, cl_dtype dtype,
             const char *fill)
 {
-    if (cl_require_device(st, func) < 0) {
+    cl_op op;
+    cl_op_init(&op, st, func);
+    if (cl_op_begin(&op) < 0) {
         return NULL;
     }
-    if (fill == NULL) { /* empty(): an allocation, no device work to profile */
-        return (PyObject *)cl_array_new(st, func, ndim, shape, NULL, dtype);
-    }
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, func, CL_PROF_CURRENT_DEVICE);
-    DeviceArray *a = cl_array_new(st, func, ndim, shape, NULL, dtype);
-    if (a == NULL) {
-        goto done;
-    }
-    size_t n = (size_t)cl_array_size(a);
+    DeviceArray *a = cl_op_new(&op, ndim, shape, NULL, dtype);
+    size_t n = a != NULL ? (size_t)cl_array_size(a) : 0;
     size_t itemsize = cl_itemsize(dtype);
     bool all_zero = true;
-    for (size_t i = 0; i < itemsize; i++) {
+    for (size_t i = 0; fill != NULL && i < itemsize; i++) {
         all_zero = all_zero && fill[i] == 0;
     }
-    if (n > 0) {
-        cudaStream_t stream = cl_current_stream(st);
-        CL_CUDA_CHECK(st, all_zero ? cudaMemsetAsync(a->data, 0, n * itemsize, stream)
-                                   : cl_fill(a->data, n, fill, itemsize, stream));
+    if (fill != NULL && n > 0) {
+        CL_CUDA_CHECK(st, all_zero ? cudaMemsetAsync(a->data, 0, n * itemsize, op.stream)
+                                   : cl_fill(a->data, n, fill, itemsize, op.stream));
     }
-    goto done;
+    /* empty() is an allocation with no device work: nothing to profile. */
+    cl_prof_info info = {.dtype = (int)dtype, .bytes = (int64_t)(n * itemsize), .flops = -1,
+                         .out_ndim = ndim, .out_shape = shape};
+    return cl_op_end(&op, (PyObject *)a, CL_OP_PROFILING(&op) && fill != NULL ? &info : NULL);
 fail:
-    Py_CLEAR(a);
-done:
-    if (CL_PROF_ACTIVE(&ps)) {
-        cl_prof_info info = {.dtype = (int)dtype, .flops = -1, .out_ndim = ndim,
-                             .out_shape = shape};
-        info.bytes = a != NULL ? cl_prof_nbytes(a) : 0; /* written once */
-        cl_prof_end(st, &ps, a != NULL ? &info : NULL);
-    }
-    return (PyObject *)a;
+    Py_XDECREF(a);
+    return cl_op_end(&op, NULL, NULL);
 }
 
 enum fill_kind { FILL_EMPTY, FILL_ZEROS, FILL_ONES, FILL_VALUE };
@@ -265,68 +250,71 @@ CREATOR(full_like, FILL_VALUE, true,
 "full_like(a, fill_value, dtype=None)\n--\n\n"
 "`fill_value` shaped like `a` (its dtype unless given).")
 
+/* Copy `host` (dense) into `out` on the op's stream. Asynchronous from a
+ * pinned `host` that the caller allows (`async`): `out` then keeps `host`
+ * alive until it dies. Otherwise wait, so the caller may reuse or free
+ * `host` at once. */
+static int
+copy_from_host(cl_op *op, DeviceArray *out, PyArrayObject *host, bool async)
+{
+    size_t nbytes = (size_t)PyArray_NBYTES(host);
+    cudaError_t err = cudaSuccess;
+    if (nbytes > 0) {
+        err = cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes, cudaMemcpyHostToDevice,
+                              op->stream);
+    }
+    cl_prof_gpu_done(op->st, &op->prof);
+    if (err == cudaSuccess && async) {
+        out->host_keepalive = Py_NewRef((PyObject *)host);
+    }
+    else if (err == cudaSuccess && nbytes > 0) {
+        CL_WITHOUT_GIL(err = cudaStreamSynchronize(op->stream));
+    }
+    CL_CUDA_CHECK(op->st, err);
+    return 0;
+fail:
+    return -1;
+}
+
 /* Upload a NumPy array. Dense layouts (C, Fortran, any axis order) keep their
  * strides and travel as one block; anything else is compacted to C order on
  * the host first, since only its elements, not its extent, should cross PCIe. */
 static PyObject *
 upload(cl_state *st, PyArrayObject *arr, cl_dtype dtype, bool non_blocking)
 {
-    PyArrayObject *host = arr;
     int ndim = PyArray_NDIM(arr);
-    size_t itemsize = cl_itemsize(dtype);
-    DeviceArray *out = NULL;
-    cl_prof_scope ps = {.flags = 0}; /* begun once the host side is ready */
-    Py_INCREF(host);
-    if (!cl_layout_is_dense(ndim, PyArray_SHAPE(arr), PyArray_STRIDES(arr), itemsize) ||
+    PyArrayObject *host = arr;
+    if (!cl_layout_is_dense(ndim, PyArray_SHAPE(arr), PyArray_STRIDES(arr), cl_itemsize(dtype)) ||
         !PyArray_ISALIGNED(arr)) {
-        Py_DECREF(host);
         host = (PyArrayObject *)PyArray_NewCopy(arr, NPY_CORDER);
         if (host == NULL) {
             return NULL;
         }
     }
-    cl_prof_begin(st, &ps, "asarray", CL_PROF_CURRENT_DEVICE);
-    out = cl_array_new(st, "asarray", ndim, PyArray_SHAPE(host), PyArray_STRIDES(host), dtype);
-    if (out == NULL) {
-        goto fail;
+    else {
+        Py_INCREF(host);
     }
-    size_t nbytes = (size_t)PyArray_NBYTES(host);
-    if (nbytes > 0) {
-        cudaError_t err;
-        cudaStream_t stream = cl_current_stream(st);
-        if (non_blocking && host == arr && cl_host_is_pinned(PyArray_DATA(host))) {
-            /* Pinned source: the DMA engine reads it when the stream gets
-             * there; keep it alive until this array dies. */
-            CL_CUDA_CHECK(st, cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes,
-                                              cudaMemcpyHostToDevice, stream));
-            out->host_keepalive = Py_NewRef((PyObject *)host);
-        }
-        else {
-            /* Pageable (or temporary) source: wait until the copy is done, so
-             * the caller may reuse or free it at once. */
-            err = cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes, cudaMemcpyHostToDevice,
-                                  stream);
-            cl_prof_gpu_done(st, &ps);
-            if (err == cudaSuccess) {
-                CL_WITHOUT_GIL(err = cudaStreamSynchronize(stream));
-            }
-            CL_CUDA_CHECK(st, err);
-        }
+    cl_op op;
+    DeviceArray *out = NULL;
+    cl_op_init(&op, st, "asarray");
+    if (cl_op_begin(&op) < 0) {
+        Py_DECREF(host);
+        return NULL;
     }
-    if (CL_PROF_ACTIVE(&ps)) {
-        /* Bytes: what crosses from the host (a host-side compaction of a
-         * source with gaps happens before the op and is not counted). */
-        cl_prof_info info = {.dtype = (int)dtype, .bytes = (int64_t)nbytes, .flops = -1,
-                             .out_ndim = ndim, .out_shape = out->shape};
-        cl_prof_end(st, &ps, &info);
+    bool async = non_blocking && host == arr && cl_host_is_pinned(PyArray_DATA(host));
+    if (async || cl_refuse_while_capturing(st, "asarray", "a copy from pageable host memory") == 0) {
+        out = cl_op_new(&op, ndim, PyArray_SHAPE(host), PyArray_STRIDES(host), dtype);
     }
+    if (out != NULL && copy_from_host(&op, out, host, async) < 0) {
+        Py_CLEAR(out);
+    }
+    /* Bytes: what crosses from the host (a host-side compaction of a source
+     * with gaps happens before the op and is not counted). */
+    cl_prof_info info = {.dtype = (int)dtype, .bytes = (int64_t)PyArray_NBYTES(host),
+                         .flops = -1, .out_ndim = ndim, .out_shape = PyArray_SHAPE(host)};
+    PyObject *result = cl_op_end(&op, (PyObject *)out, CL_OP_PROFILING(&op) ? &info : NULL);
     Py_DECREF(host);
-    return (PyObject *)out;
-fail:
-    cl_prof_end(st, &ps, NULL);
-    Py_XDECREF(out);
-    Py_DECREF(host);
-    return NULL;
+    return result;
 }
 
 PyDoc_STRVAR(asarray_doc,
@@ -434,17 +422,25 @@ asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
 PyDoc_STRVAR(asnumpy_doc,
 "asnumpy(a)\n--\n\nCopy a DeviceArray to a new NumPy array; the same as ``a.get()``.");
 
+/* The one argument `a` of asnumpy and ascontiguousarray. */
+static DeviceArray *
+parse_array_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
+{
+    static const char *const names[] = {"a", NULL};
+    PyObject *argv[1];
+    if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0) {
+        return NULL;
+    }
+    return expect_array(st, argv[0], func);
+}
+
 static PyObject *
 asnumpy(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
-    if (cl_parse_args("asnumpy", args, nargs, kwnames, names, 1, argv) < 0 ||
-        expect_array(st, argv[0], "asnumpy") == NULL) {
-        return NULL;
-    }
-    return PyObject_CallMethod(argv[0], "get", NULL);
+    DeviceArray *a = parse_array_arg(st, "asnumpy", args, nargs, kwnames);
+    return a == NULL ? NULL : cl_array_to_host(st, "asnumpy", a, NULL, false);
 }
 
 PyDoc_STRVAR(ascontiguousarray_doc,
@@ -455,16 +451,13 @@ PyDoc_STRVAR(ascontiguousarray_doc,
 static PyObject *
 ascontiguousarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
-    DeviceArray *a;
-    if (cl_parse_args("ascontiguousarray", args, nargs, kwnames, names, 1, argv) < 0 ||
-        (a = expect_array(st, argv[0], "ascontiguousarray")) == NULL) {
+    DeviceArray *a = parse_array_arg(st, "ascontiguousarray", args, nargs, kwnames);
+    if (a == NULL) {
         return NULL;
     }
     if (cl_is_c_contiguous(a)) {
-        return Py_NewRef(argv[0]);
+        return Py_NewRef((PyObject *)a);
     }
     return (PyObject *)cl_array_copy_op(st, "ascontiguousarray", a, a->dtype);
 }

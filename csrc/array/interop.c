@@ -239,39 +239,14 @@ cl_array_cuda_array_interface(DeviceArray *self, void *closure)
                         "(torch.from_dlpack(a), cupy.from_dlpack(a))");
         return NULL;
     }
-    PyObject *shape = NULL, *strides = NULL, *descr = NULL, *data = NULL, *result = NULL;
-    shape = PyTuple_New(self->ndim);
-    if (shape == NULL) {
-        goto done;
-    }
-    for (int i = 0; i < self->ndim; i++) {
-        PyObject *v = PyLong_FromSsize_t(self->shape[i]);
-        if (v == NULL) {
-            goto done;
-        }
-        PyTuple_SET_ITEM(shape, i, v);
-    }
-    if (cl_is_c_contiguous(self)) {
-        strides = Py_NewRef(Py_None);
-    }
-    else {
-        strides = PyTuple_New(self->ndim);
-        if (strides == NULL) {
-            goto done;
-        }
-        for (int i = 0; i < self->ndim; i++) {
-            PyObject *v = PyLong_FromSsize_t(self->strides[i]);
-            if (v == NULL) {
-                goto done;
-            }
-            PyTuple_SET_ITEM(strides, i, v);
-        }
-    }
-    descr = Py_BuildValue("[(ss)]", "", typestr);
-    data = Py_BuildValue("(NO)",
-                         PyLong_FromVoidPtr(cl_array_size(self) == 0 ? NULL : self->data),
-                         Py_False);
-    if (descr == NULL || data == NULL) {
+    PyObject *result = NULL;
+    PyObject *shape = cl_shape_tuple(self->ndim, self->shape);
+    PyObject *strides = cl_is_c_contiguous(self) ? Py_NewRef(Py_None)
+                                                 : cl_shape_tuple(self->ndim, self->strides);
+    PyObject *descr = Py_BuildValue("[(ss)]", "", typestr);
+    PyObject *data = Py_BuildValue(
+        "(NO)", PyLong_FromVoidPtr(cl_array_size(self) == 0 ? NULL : self->data), Py_False);
+    if (shape == NULL || strides == NULL || descr == NULL || data == NULL) {
         goto done;
     }
     /* Our work on the array is ordered on the current stream. */
@@ -341,117 +316,139 @@ fail:
     return -1;
 }
 
-static PyObject *
-import_cai(cl_state *st, PyObject *obj, PyObject *cai, const char *func)
-{
+/* What a __cuda_array_interface__ dict describes, checked. */
+typedef struct cai_view {
+    int ndim;
     Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
-    int ndim, nstrides;
     cl_dtype dtype;
-    long long stream_handle = 0;
+    void *ptr;
+    long long stream; /* 0: none given */
+} cai_view;
+
+/* 'typestr' -> *dtype; TypeError naming the typestr when unsupported. */
+static int
+cai_dtype(cl_state *st, PyObject *typestr, const char *func, cl_dtype *dtype)
+{
+    if (PyUnicode_Check(typestr) && cl_dtype_converter(st, typestr, func, "obj", dtype) == 0) {
+        return 0;
+    }
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) {
+        return -1;
+    }
+    PyErr_Clear();
+    return cl_arg_error(PyExc_TypeError, func, "obj",
+                        "unsupported __cuda_array_interface__ typestr %R", typestr);
+}
+
+/* 'strides' (absent or None: C order) -> v->strides, in bytes. */
+static int
+cai_strides(PyObject *strides_obj, const char *func, cai_view *v)
+{
+    Py_ssize_t itemsize = (Py_ssize_t)cl_itemsize(v->dtype);
+    int nstrides;
+    if (strides_obj == NULL || strides_obj == Py_None) {
+        cl_c_strides(v->ndim, v->shape, (size_t)itemsize, v->strides);
+        return 0;
+    }
+    if (int_tuple(strides_obj, func, "strides", CL_MAX_NDIM, v->strides, &nstrides) < 0) {
+        return -1;
+    }
+    if (nstrides != v->ndim) {
+        return cl_arg_error(PyExc_ValueError, func, "obj",
+                            "'strides' has %d entries for %d dimensions", nstrides, v->ndim);
+    }
+    for (int i = 0; i < v->ndim; i++) {
+        if (v->strides[i] < 0 || v->strides[i] % itemsize != 0) {
+            return cl_arg_error(PyExc_ValueError, func, "obj",
+                                "strides %R are not supported (they must be non-negative "
+                                "multiples of the item size)", strides_obj);
+        }
+    }
+    return 0;
+}
+
+/* Check the dict and fill `v`; touches no GPU. */
+static int
+parse_cai(cl_state *st, PyObject *cai, const char *func, cai_view *v)
+{
     if (!PyDict_Check(cai)) {
         return cl_arg_error(PyExc_TypeError, func, "obj",
                             "__cuda_array_interface__ must be a dict, got %.100s",
-                            Py_TYPE(cai)->tp_name), NULL;
+                            Py_TYPE(cai)->tp_name);
     }
-    PyObject *shape_obj = PyDict_GetItemString(cai, "shape");
+    PyObject *shape = PyDict_GetItemString(cai, "shape");
     PyObject *typestr = PyDict_GetItemString(cai, "typestr");
     PyObject *data = PyDict_GetItemString(cai, "data");
-    PyObject *strides_obj = PyDict_GetItemString(cai, "strides");
     PyObject *mask = PyDict_GetItemString(cai, "mask");
-    PyObject *stream = PyDict_GetItemString(cai, "stream");
-    if (shape_obj == NULL || typestr == NULL || data == NULL) {
+    if (shape == NULL || typestr == NULL || data == NULL) {
         return cl_arg_error(PyExc_ValueError, func, "obj",
-                            "__cuda_array_interface__ lacks 'shape', 'typestr' or 'data'"), NULL;
+                            "__cuda_array_interface__ lacks 'shape', 'typestr' or 'data'");
     }
-    if (int_tuple(shape_obj, func, "shape", CL_MAX_NDIM, shape, &ndim) < 0) {
-        return NULL;
+    if (int_tuple(shape, func, "shape", CL_MAX_NDIM, v->shape, &v->ndim) < 0) {
+        return -1;
     }
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) {
-            return cl_arg_error(PyExc_ValueError, func, "obj", "negative extent in 'shape'"),
-                   NULL;
+    for (int i = 0; i < v->ndim; i++) {
+        if (v->shape[i] < 0) {
+            return cl_arg_error(PyExc_ValueError, func, "obj", "negative extent in 'shape'");
         }
     }
-    if (!PyUnicode_Check(typestr) || cl_dtype_converter(st, typestr, func, "obj", &dtype) < 0) {
-        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            cl_arg_error(PyExc_TypeError, func, "obj",
-                         "unsupported __cuda_array_interface__ typestr %R", typestr);
-        }
-        return NULL;
+    if (cai_dtype(st, typestr, func, &v->dtype) < 0) {
+        return -1;
     }
-    Py_ssize_t itemsize = (Py_ssize_t)cl_itemsize(dtype);
     if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 ||
         !PyLong_Check(PyTuple_GET_ITEM(data, 0))) {
         return cl_arg_error(PyExc_TypeError, func, "obj",
-                            "__cuda_array_interface__['data'] must be (int, bool)"), NULL;
+                            "__cuda_array_interface__['data'] must be (int, bool)");
     }
-    void *ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
-    if (ptr == NULL && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (strides_obj == NULL || strides_obj == Py_None) {
-        cl_c_strides(ndim, shape, (size_t)itemsize, strides);
-    }
-    else {
-        if (int_tuple(strides_obj, func, "strides", CL_MAX_NDIM, strides, &nstrides) < 0) {
-            return NULL;
-        }
-        if (nstrides != ndim) {
-            return cl_arg_error(PyExc_ValueError, func, "obj",
-                                "'strides' has %d entries for %d dimensions", nstrides, ndim),
-                   NULL;
-        }
-        for (int i = 0; i < ndim; i++) {
-            if (strides[i] < 0 || strides[i] % itemsize != 0) {
-                return cl_arg_error(PyExc_ValueError, func, "obj",
-                                    "strides %R are not supported (they must be non-negative "
-                                    "multiples of the item size)", strides_obj), NULL;
-            }
-        }
+    v->ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
+    if ((v->ptr == NULL && PyErr_Occurred()) ||
+        cai_strides(PyDict_GetItemString(cai, "strides"), func, v) < 0) {
+        return -1;
     }
     if (mask != NULL && mask != Py_None) {
         return cl_arg_error(PyExc_TypeError, func, "obj",
                             "masked arrays (__cuda_array_interface__['mask']) are not "
-                            "supported"), NULL;
+                            "supported");
     }
-    if (parse_stream_handle(stream, func, "obj", false, &stream_handle) < 0) {
-        return NULL;
-    }
-    if (cl_require_device(st, func) < 0) {
+    return parse_stream_handle(PyDict_GetItemString(cai, "stream"), func, "obj", false,
+                               &v->stream);
+}
+
+static PyObject *
+import_cai(cl_state *st, PyObject *obj, PyObject *cai, const char *func)
+{
+    cai_view v;
+    int device;
+    if (parse_cai(st, cai, func, &v) < 0 || cl_require_device(st, func) < 0) {
         return NULL;
     }
     Py_ssize_t size = 1;
-    for (int i = 0; i < ndim; i++) {
-        size *= shape[i];
+    for (int i = 0; i < v.ndim; i++) {
+        size *= v.shape[i];
     }
-    int device;
-    if (size == 0 || ptr == NULL) {
-        if (size != 0) {
-            return cl_arg_error(PyExc_ValueError, func, "obj",
-                                "__cuda_array_interface__ has a NULL pointer"), NULL;
-        }
-        if (cl_current_device(st, &device) < 0) {
-            return NULL;
-        }
+    if (size != 0 && v.ptr == NULL) {
+        return cl_arg_error(PyExc_ValueError, func, "obj",
+                            "__cuda_array_interface__ has a NULL pointer"), NULL;
     }
-    else if (pointer_device(st, ptr, func, &device) < 0) {
+    if (size == 0 ? cl_current_device(st, &device) < 0
+                  : pointer_device(st, v.ptr, func, &device) < 0) {
         return NULL;
     }
-    if (stream_handle != 0 && size != 0) {
+    if (v.stream != 0 && size != 0) {
         /* The producer's work on the data is ordered on its stream: ours
          * waits for it before any of our work on the view. */
         int previous, rc;
         if (cl_device_enter(st, device, &previous) < 0) {
             return NULL;
         }
-        rc = stream_wait(st, cl_current_stream(st), stream_of_handle(stream_handle));
+        rc = stream_wait(st, cl_current_stream(st), stream_of_handle(v.stream));
         cl_device_exit(device, previous);
         if (rc < 0) {
             return NULL;
         }
     }
-    return (PyObject *)cl_array_wrap(st, obj, (char *)ptr, device, dtype, ndim, shape, strides);
+    return (PyObject *)cl_array_wrap(st, obj, (char *)v.ptr, device, v.dtype, v.ndim, v.shape,
+                                     v.strides);
 }
 
 /* ---- DLPack export ----------------------------------------------------------- */
@@ -517,98 +514,72 @@ cl_array_dlpack_device(DeviceArray *self, PyObject *unused)
     return Py_BuildValue("(ii)", kDLCUDA, self->device);
 }
 
-PyObject *
-cl_array_dlpack(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* __dlpack__'s max_version and dl_device: whether the consumer takes a
+ * versioned capsule, and that it asks for the array where it lives. */
+static int
+parse_dlpack_request(DeviceArray *self, PyObject *max_version, PyObject *dl_device,
+                     bool *versioned)
 {
-    static const char *const names[] = {"stream", "max_version", "dl_device", "copy", NULL};
     static const char *func = "__dlpack__";
-    cl_state *st = cl_state_from_type(Py_TYPE(self));
-    PyObject *argv[4];
-    long long consumer = 0;
-    bool versioned = false;
-    int copy = 0;
-    if (cl_parse_args(func, args, nargs, kwnames, names, 0, argv) < 0 ||
-        parse_stream_handle(argv[0], func, "stream", true, &consumer) < 0) {
-        return NULL;
-    }
-    if (argv[1] != NULL && argv[1] != Py_None) {
+    *versioned = false;
+    if (max_version != NULL && max_version != Py_None) {
         long major;
-        if (!PyTuple_Check(argv[1]) || PyTuple_GET_SIZE(argv[1]) != 2 ||
-            (major = PyLong_AsLong(PyTuple_GET_ITEM(argv[1], 0))) == -1) {
+        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2 ||
+            (major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0))) == -1) {
             PyErr_Clear();
             return cl_arg_error(PyExc_TypeError, func, "max_version",
-                                "expected None or a (major, minor) tuple of ints"), NULL;
+                                "expected None or a (major, minor) tuple of ints");
         }
-        versioned = major >= 1;
+        *versioned = major >= 1;
     }
-    if (argv[2] != NULL && argv[2] != Py_None) {
+    if (dl_device != NULL && dl_device != Py_None) {
         long type = -1, id = -1;
-        if (PyTuple_Check(argv[2]) && PyTuple_GET_SIZE(argv[2]) == 2) {
-            type = PyLong_AsLong(PyTuple_GET_ITEM(argv[2], 0));
-            id = PyLong_AsLong(PyTuple_GET_ITEM(argv[2], 1));
+        if (PyTuple_Check(dl_device) && PyTuple_GET_SIZE(dl_device) == 2) {
+            type = PyLong_AsLong(PyTuple_GET_ITEM(dl_device, 0));
+            id = PyLong_AsLong(PyTuple_GET_ITEM(dl_device, 1));
             PyErr_Clear();
         }
         if (type != kDLCUDA || id != self->device) {
             PyErr_Format(PyExc_BufferError,
                          "__dlpack__(): dl_device %R is not supported: the array lives on "
-                         "(kDLCUDA=2, %d) and is only exported there", argv[2], self->device);
-            return NULL;
+                         "(kDLCUDA=2, %d) and is only exported there", dl_device, self->device);
+            return -1;
         }
     }
-    if (argv[3] != NULL && argv[3] != Py_None && (copy = PyObject_IsTrue(argv[3])) < 0) {
-        return NULL;
-    }
+    return 0;
+}
 
-    DeviceArray *a = self;
-    int previous;
-    if (cl_device_enter(st, self->device, &previous) < 0) {
-        return NULL;
-    }
-    if (copy) {
-        a = cl_array_copy_op(st, func, self, self->dtype);
-    }
-    else {
-        Py_INCREF(a);
-    }
-    /* The consumer's stream waits for our work on the array; -1: no sync. */
-    if (a != NULL && consumer != -1 && cl_array_size(a) > 0) {
-        cudaStream_t theirs = consumer == 0 ? cudaStreamLegacy : stream_of_handle(consumer);
-        if (stream_wait(st, theirs, cl_current_stream(st)) < 0) {
-            Py_CLEAR(a);
-        }
-    }
-    cl_device_exit(self->device, previous);
-    if (a == NULL) {
-        return NULL;
-    }
-
+/* The capsule handing `a` (a new reference, which moves into it) to a consumer. */
+static PyObject *
+export_capsule(DeviceArray *a, bool versioned, bool copied)
+{
     export_ctx *ctx = calloc(1, sizeof *ctx);
     if (ctx == NULL) {
         Py_DECREF(a);
         return PyErr_NoMemory();
     }
-    ctx->array = (PyObject *)a; /* reference moves into ctx */
+    ctx->array = (PyObject *)a;
     Py_ssize_t itemsize = (Py_ssize_t)cl_itemsize(a->dtype);
     for (int i = 0; i < a->ndim; i++) {
         ctx->shape[i] = a->shape[i];
         ctx->strides[i] = a->strides[i] / itemsize;
     }
-    DLTensor t;
-    t.data = cl_array_size(a) == 0 ? NULL : a->data;
-    t.device.device_type = kDLCUDA;
-    t.device.device_id = a->device;
-    t.ndim = a->ndim;
-    t.dtype = dl_dtype_of(a->dtype);
-    t.shape = ctx->shape;
-    t.strides = ctx->strides;
-    t.byte_offset = 0;
+    DLTensor t = {
+        .data = cl_array_size(a) == 0 ? NULL : a->data,
+        .device = {kDLCUDA, a->device},
+        .ndim = a->ndim,
+        .dtype = dl_dtype_of(a->dtype),
+        .shape = ctx->shape,
+        .strides = ctx->strides,
+        .byte_offset = 0,
+    };
     PyObject *capsule;
     if (versioned) {
         ctx->versioned.version.major = 1;
         ctx->versioned.version.minor = 0;
         ctx->versioned.manager_ctx = ctx;
         ctx->versioned.deleter = export_deleter_versioned;
-        ctx->versioned.flags = copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0;
+        ctx->versioned.flags = copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0;
         ctx->versioned.dl_tensor = t;
         capsule = PyCapsule_New(&ctx->versioned, CAPSULE_VERSIONED, export_capsule_destructor);
     }
@@ -624,32 +595,169 @@ cl_array_dlpack(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     return capsule;
 }
 
+PyObject *
+cl_array_dlpack(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    static const char *func = "__dlpack__";
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    PyObject *argv[4];
+    long long consumer = 0;
+    bool versioned;
+    int copy = 0, previous;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 0, argv) < 0 ||
+        parse_stream_handle(argv[0], func, "stream", true, &consumer) < 0 ||
+        parse_dlpack_request(self, argv[1], argv[2], &versioned) < 0 ||
+        (argv[3] != NULL && argv[3] != Py_None && (copy = PyObject_IsTrue(argv[3])) < 0) ||
+        cl_device_enter(st, self->device, &previous) < 0) {
+        return NULL;
+    }
+    DeviceArray *a = copy ? cl_array_copy_op(st, func, self, self->dtype)
+                          : (DeviceArray *)Py_NewRef(self);
+    /* The consumer's stream waits for our work on the array; -1: no sync. */
+    if (a != NULL && consumer != -1 && cl_array_size(a) > 0) {
+        cudaStream_t theirs = consumer == 0 ? cudaStreamLegacy : stream_of_handle(consumer);
+        if (stream_wait(st, theirs, cl_current_stream(st)) < 0) {
+            Py_CLEAR(a);
+        }
+    }
+    cl_device_exit(self->device, previous);
+    return a == NULL ? NULL : export_capsule(a, versioned, copy != 0);
+}
+
 /* ---- DLPack import ------------------------------------------------------------ */
 
+/* A producer's tensor, plain or versioned (DLPack 1.x). */
+typedef struct dl_import {
+    bool versioned;
+    void *managed; /* DLManagedTensor or DLManagedTensorVersioned */
+    DLTensor *t;
+} dl_import;
+
 static void
-owner_destructor_plain(PyObject *capsule)
+call_deleter(const dl_import *m)
 {
-    DLManagedTensor *m = PyCapsule_GetPointer(capsule, OWNER_PLAIN);
-    if (m == NULL) {
-        PyErr_Clear();
-        return;
+    if (m->versioned) {
+        DLManagedTensorVersioned *v = m->managed;
+        if (v->deleter != NULL) {
+            v->deleter(v);
+        }
     }
-    if (m->deleter != NULL) {
-        m->deleter(m);
+    else {
+        DLManagedTensor *p = m->managed;
+        if (p->deleter != NULL) {
+            p->deleter(p);
+        }
     }
 }
 
+/* The owner capsule of an imported tensor dies with the last view of it. */
 static void
-owner_destructor_versioned(PyObject *capsule)
+owner_destructor(PyObject *capsule)
 {
-    DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, OWNER_VERSIONED);
-    if (m == NULL) {
+    dl_import m = {.versioned = PyCapsule_IsValid(capsule, OWNER_VERSIONED)};
+    m.managed = PyCapsule_GetPointer(capsule, m.versioned ? OWNER_VERSIONED : OWNER_PLAIN);
+    if (m.managed == NULL) {
         PyErr_Clear();
         return;
     }
-    if (m->deleter != NULL) {
-        m->deleter(m);
+    call_deleter(&m);
+}
+
+/* The tensor inside a "dltensor" or "dltensor_versioned" capsule. */
+static int
+open_capsule(PyObject *capsule, const char *func, dl_import *m)
+{
+    const char *name = PyCapsule_GetName(capsule);
+    if (name == NULL) {
+        return -1;
     }
+    if (strcmp(name, CAPSULE_PLAIN_USED) == 0 || strcmp(name, CAPSULE_VERSIONED_USED) == 0) {
+        return cl_arg_error(PyExc_ValueError, func, "obj",
+                            "DLPack capsule was already consumed (a capsule can be imported "
+                            "only once; call __dlpack__() again for a new one)");
+    }
+    if (strcmp(name, CAPSULE_PLAIN) != 0 && strcmp(name, CAPSULE_VERSIONED) != 0) {
+        return cl_arg_error(PyExc_TypeError, func, "obj",
+                            "expected a DLPack capsule, got a capsule named '%s'", name);
+    }
+    m->versioned = strcmp(name, CAPSULE_VERSIONED) == 0;
+    m->managed = PyCapsule_GetPointer(capsule, name);
+    if (m->managed == NULL) {
+        return -1;
+    }
+    if (!m->versioned) {
+        m->t = &((DLManagedTensor *)m->managed)->dl_tensor;
+        return 0;
+    }
+    DLManagedTensorVersioned *v = m->managed;
+    if (v->version.major != 1) {
+        PyErr_Format(PyExc_BufferError, "%s(): DLPack version %u.%u is not supported (1.x is)",
+                     func, (unsigned)v->version.major, (unsigned)v->version.minor);
+        return -1;
+    }
+    m->t = &v->dl_tensor;
+    return 0;
+}
+
+/* The tensor's device and dtype: a CUDA device, a dtype of ours. */
+static int
+check_dl_kind(const DLTensor *t, const char *func, cl_dtype *dtype)
+{
+    if (t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost) {
+        return cl_arg_error(PyExc_TypeError, func, "obj",
+                            "the DLPack tensor is in host memory; use cudalab.asarray() to "
+                            "copy it to the device");
+    }
+    if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged) {
+        return cl_arg_error(PyExc_TypeError, func, "obj",
+                            "DLPack device type %d is not a CUDA device",
+                            (int)t->device.device_type);
+    }
+    int code = cl_dtype_of_dl(t->dtype);
+    if (code < 0) {
+        PyObject *supported = cl_supported_dtypes_text();
+        cl_arg_error(PyExc_TypeError, func, "obj",
+                     "unsupported DLPack dtype (code %d, %d bits, %d lanes; supported: %U)",
+                     (int)t->dtype.code, (int)t->dtype.bits, (int)t->dtype.lanes, supported);
+        Py_XDECREF(supported);
+        return -1;
+    }
+    *dtype = (cl_dtype)code;
+    return 0;
+}
+
+/* The tensor's shape and byte strides. */
+static int
+dl_layout(const DLTensor *t, cl_dtype dtype, const char *func, Py_ssize_t *shape,
+          Py_ssize_t *strides)
+{
+    Py_ssize_t itemsize = (Py_ssize_t)cl_itemsize(dtype);
+    if (t->ndim < 0 || t->ndim > CL_MAX_NDIM) {
+        return cl_arg_error(PyExc_ValueError, func, "obj",
+                            "%d dimensions exceed the maximum of %d", (int)t->ndim,
+                            CL_MAX_NDIM);
+    }
+    for (int i = 0; i < t->ndim; i++) {
+        shape[i] = (Py_ssize_t)t->shape[i];
+        if (shape[i] < 0) {
+            return cl_arg_error(PyExc_ValueError, func, "obj",
+                                "negative extent in the DLPack shape");
+        }
+    }
+    if (t->strides == NULL) {
+        cl_c_strides(t->ndim, shape, (size_t)itemsize, strides);
+        return 0;
+    }
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->strides[i] < 0 && shape[i] > 1) {
+            return cl_arg_error(PyExc_ValueError, func, "obj",
+                                "negative DLPack strides are not supported (views keep "
+                                "non-negative strides)");
+        }
+        strides[i] = t->strides[i] < 0 ? 0 : (Py_ssize_t)t->strides[i] * itemsize;
+    }
+    return 0;
 }
 
 /* Take over a DLPack capsule: check the tensor, rename the capsule so its
@@ -659,119 +767,28 @@ owner_destructor_versioned(PyObject *capsule)
 static PyObject *
 consume_capsule(cl_state *st, PyObject *capsule, const char *func)
 {
-    const char *name = PyCapsule_GetName(capsule);
-    if (name == NULL) {
-        return NULL;
-    }
-    bool versioned;
-    DLTensor *t;
-    void *managed;
-    if (strcmp(name, CAPSULE_VERSIONED) == 0) {
-        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, CAPSULE_VERSIONED);
-        if (m == NULL) {
-            return NULL;
-        }
-        if (m->version.major != 1) {
-            PyErr_Format(PyExc_BufferError,
-                         "%s(): DLPack version %u.%u is not supported (1.x is)", func,
-                         (unsigned)m->version.major, (unsigned)m->version.minor);
-            return NULL;
-        }
-        versioned = true;
-        t = &m->dl_tensor;
-        managed = m;
-    }
-    else if (strcmp(name, CAPSULE_PLAIN) == 0) {
-        DLManagedTensor *m = PyCapsule_GetPointer(capsule, CAPSULE_PLAIN);
-        if (m == NULL) {
-            return NULL;
-        }
-        versioned = false;
-        t = &m->dl_tensor;
-        managed = m;
-    }
-    else if (strcmp(name, CAPSULE_PLAIN_USED) == 0 || strcmp(name, CAPSULE_VERSIONED_USED) == 0) {
-        return cl_arg_error(PyExc_ValueError, func, "obj",
-                            "DLPack capsule was already consumed (a capsule can be imported "
-                            "only once; call __dlpack__() again for a new one)"), NULL;
-    }
-    else {
-        return cl_arg_error(PyExc_TypeError, func, "obj",
-                            "expected a DLPack capsule, got a capsule named '%s'", name), NULL;
-    }
-
-    if (t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost) {
-        return cl_arg_error(PyExc_TypeError, func, "obj",
-                            "the DLPack tensor is in host memory; use cudalab.asarray() to "
-                            "copy it to the device"), NULL;
-    }
-    if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged) {
-        return cl_arg_error(PyExc_TypeError, func, "obj",
-                            "DLPack device type %d is not a CUDA device",
-                            (int)t->device.device_type), NULL;
-    }
-    int code = cl_dtype_of_dl(t->dtype);
-    if (code < 0) {
-        PyObject *supported = cl_supported_dtypes_text();
-        cl_arg_error(PyExc_TypeError, func, "obj",
-                     "unsupported DLPack dtype (code %d, %d bits, %d lanes; supported: %U)",
-                     (int)t->dtype.code, (int)t->dtype.bits, (int)t->dtype.lanes, supported);
-        Py_XDECREF(supported);
-        return NULL;
-    }
-    if (t->ndim < 0 || t->ndim > CL_MAX_NDIM) {
-        return cl_arg_error(PyExc_ValueError, func, "obj",
-                            "%d dimensions exceed the maximum of %d", (int)t->ndim,
-                            CL_MAX_NDIM), NULL;
-    }
-    int ndim = t->ndim;
+    dl_import m = {.versioned = false, .managed = NULL, .t = NULL};
+    cl_dtype dtype = CL_FLOAT32;
     Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM];
-    Py_ssize_t itemsize = (Py_ssize_t)cl_itemsize((cl_dtype)code);
-    for (int i = 0; i < ndim; i++) {
-        shape[i] = (Py_ssize_t)t->shape[i];
-        if (shape[i] < 0) {
-            return cl_arg_error(PyExc_ValueError, func, "obj", "negative extent in the DLPack "
-                                "shape"), NULL;
-        }
+    if (open_capsule(capsule, func, &m) < 0 || check_dl_kind(m.t, func, &dtype) < 0 ||
+        dl_layout(m.t, dtype, func, shape, strides) < 0) {
+        return NULL;
     }
-    if (t->strides == NULL) {
-        cl_c_strides(ndim, shape, (size_t)itemsize, strides);
-    }
-    else {
-        for (int i = 0; i < ndim; i++) {
-            if (t->strides[i] < 0 && shape[i] > 1) {
-                return cl_arg_error(PyExc_ValueError, func, "obj",
-                                    "negative DLPack strides are not supported (views keep "
-                                    "non-negative strides)"), NULL;
-            }
-            strides[i] = t->strides[i] < 0 ? 0 : (Py_ssize_t)t->strides[i] * itemsize;
-        }
-    }
-
     /* From here on the tensor is ours. */
-    if (PyCapsule_SetName(capsule, versioned ? CAPSULE_VERSIONED_USED : CAPSULE_PLAIN_USED) < 0) {
+    if (PyCapsule_SetName(capsule, m.versioned ? CAPSULE_VERSIONED_USED : CAPSULE_PLAIN_USED) <
+        0) {
         return NULL;
     }
-    PyObject *owner = versioned ? PyCapsule_New(managed, OWNER_VERSIONED, owner_destructor_versioned)
-                                : PyCapsule_New(managed, OWNER_PLAIN, owner_destructor_plain);
+    PyObject *owner = PyCapsule_New(m.managed, m.versioned ? OWNER_VERSIONED : OWNER_PLAIN,
+                                    owner_destructor);
     if (owner == NULL) {
-        if (versioned) {
-            DLManagedTensorVersioned *m = managed;
-            if (m->deleter != NULL) {
-                m->deleter(m);
-            }
-        }
-        else {
-            DLManagedTensor *m = managed;
-            if (m->deleter != NULL) {
-                m->deleter(m);
-            }
-        }
+        call_deleter(&m);
         return NULL;
     }
+    const DLTensor *t = m.t;
     char *data = t->data == NULL ? NULL : (char *)t->data + t->byte_offset;
-    PyObject *out = (PyObject *)cl_array_wrap(st, owner, data, t->device.device_id, (cl_dtype)code,
-                                              ndim, shape, strides);
+    PyObject *out = (PyObject *)cl_array_wrap(st, owner, data, t->device.device_id, dtype,
+                                              t->ndim, shape, strides);
     Py_DECREF(owner); /* the array holds it now (or, on failure, the deleter ran) */
     return out;
 }

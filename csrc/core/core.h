@@ -80,6 +80,9 @@ int cl_raise_cuda(cl_state *st, cudaError_t err, const char *expr, const char *f
  * exception carries code, name, expression, file and line. Returns -1. */
 int cl_raise_status(PyObject *type, int code, const char *name, const char *text, const char *expr,
                     const char *file, int line);
+/* NoDeviceError "<func>(): no CUDA device is available: <why>", why in the
+ * words `cudalab check` uses (no driver, the toolkit's stub, a driver too old,
+ * no device visible). func NULL: no prefix. Returns -1. */
 int cl_raise_no_device(cl_state *st, const char *func);
 /* OutOfMemoryError with a message a PyTorch user recognizes; `limit_reason`
  * non-zero when our per-process limit (not the driver) refused. */
@@ -87,6 +90,10 @@ int cl_raise_oom(cl_state *st, int device, size_t requested, size_t allocated, s
                  size_t free_bytes, size_t total, size_t limit, int limit_reason);
 /* TypeError/ValueError with the "<func>() argument '<param>': ..." prefix. */
 int cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char *fmt, ...);
+/* TypeError "<func>() argument '<param>': expected <expected>, got <type>";
+ * `expected` reads like "an int" or "a Stream". Returns -1. */
+int cl_expected_type_error(const char *func, const char *param, const char *expected,
+                           PyObject *obj);
 /* TypeError for an argument that must be a DeviceArray (or None), with the
  * asarray() hint every such message carries. Returns -1. */
 int cl_expected_array_error(const char *func, const char *param, PyObject *obj, bool or_none);

@@ -10,6 +10,7 @@
  * "<func>() argument '<param>': ". */
 #include "cudalab.h"
 #include <stdarg.h>
+#include <stdlib.h>
 
 static PyObject *
 new_exception(PyObject *module, const char *name, const char *doc, PyObject *bases)
@@ -120,18 +121,55 @@ cl_raise_status(PyObject *type, int code, const char *name, const char *text, co
     return raise_with_attrs(type, message, attrs);
 }
 
+/* Why no device is usable, in the words `cudalab check` uses: a missing
+ * driver (libcuda.so.1 absent, or the toolkit's stub in its place) is told
+ * apart from a driver too old for the runtime we were built with, which the
+ * runtime reports with the same cudaErrorInsufficientDriver. */
+static void
+no_device_reason(cudaError_t err, char *buf, size_t size)
+{
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) {
+        (void)cudaGetLastError();
+        driver = 0;
+    }
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (err == cudaErrorStubLibrary) {
+        snprintf(buf, size, "no NVIDIA driver was found (the libcuda.so.1 that was loaded is "
+                            "the CUDA toolkit's stub library, not a driver)");
+    }
+    else if (driver == 0) {
+        snprintf(buf, size, "no NVIDIA driver was found (libcuda.so.1 could not be loaded)");
+    }
+    else if (err == cudaErrorInsufficientDriver && driver < CUDART_VERSION) {
+        snprintf(buf, size, "the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d "
+                            "runtime cudalab was built with; update the driver",
+                 driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000,
+                 CUDART_VERSION % 1000 / 10);
+    }
+    else if (err == cudaErrorNoDevice && visible != NULL) {
+        snprintf(buf, size, "the driver sees no CUDA device (CUDA_VISIBLE_DEVICES=%.40s)",
+                 visible);
+    }
+    else if (err == cudaErrorNoDevice || err == cudaSuccess) {
+        snprintf(buf, size, "the driver sees no CUDA device");
+    }
+    else {
+        snprintf(buf, size, "%s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
+    }
+}
+
 int
 cl_raise_no_device(cl_state *st, const char *func)
 {
-    const char *why = cudaGetErrorString(st->device_count_error);
-    if (st->device_count_error == cudaSuccess) {
-        why = "the driver reports zero devices";
-    }
+    char why[256];
+    (void)cl_device_count(st); /* sets device_count_error on first use */
+    no_device_reason(st->device_count_error, why, sizeof why);
     if (func != NULL) {
-        PyErr_Format(st->NoDeviceError, "%s(): no CUDA device is available (%s)", func, why);
+        PyErr_Format(st->NoDeviceError, "%s(): no CUDA device is available: %s", func, why);
     }
     else {
-        PyErr_Format(st->NoDeviceError, "no CUDA device is available (%s)", why);
+        PyErr_Format(st->NoDeviceError, "no CUDA device is available: %s", why);
     }
     return -1;
 }
@@ -196,6 +234,13 @@ cl_arg_error(PyObject *exc_type, const char *func, const char *param, const char
     PyErr_Format(exc_type, "%s() argument '%s': %U", func, param, detail);
     Py_DECREF(detail);
     return -1;
+}
+
+int
+cl_expected_type_error(const char *func, const char *param, const char *expected, PyObject *obj)
+{
+    return cl_arg_error(PyExc_TypeError, func, param, "expected %s, got %.100s", expected,
+                        Py_TYPE(obj)->tp_name);
 }
 
 int

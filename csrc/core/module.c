@@ -1,11 +1,22 @@
 /* cudalab._core: module definition, multi-phase init (PEP 489) and module
  * state (PEP 573). The state holds the heap types, the exceptions, NumPy
- * dtypes and the per-device resources; nothing lives in C globals except
- * NumPy's API table. */
+ * dtypes and the per-device resources (pools, counters, spare streams).
+ *
+ * What is not in the state, and why:
+ *   - NumPy's API table (one per process, as NumPy requires);
+ *   - per-thread state, in C11 thread-local storage because it belongs to a
+ *     thread, not to the module: the current stream of each device
+ *     (runtime/stream.c), the graph being captured (runtime/graph.c), and the
+ *     cuBLAS handles and plan cache (ops/matmul.c, a pthread key);
+ *   - process-wide settings that mirror CUDA's own process-wide state: the
+ *     float32 matmul precision and matmul backend (ops/matmul.c).
+ * Since the pools and these settings are per process, the module declares
+ * that it does not support several interpreters. */
 #define CUDALAB_IMPORTS_NUMPY
 #include "cudalab.h"
 
 static struct PyModuleDef cl_module_def;
+static int set_module_doc(PyObject *module);
 
 cl_state *
 cl_state_from_module(PyObject *module)
@@ -71,7 +82,7 @@ cl_exec(PyObject *module)
     if (PyModule_AddIntConstant(module, "MAX_NDIM", CL_MAX_NDIM) < 0) {
         return -1;
     }
-    return 0;
+    return set_module_doc(module);
 }
 
 static int
@@ -134,10 +145,88 @@ static PyModuleDef_Slot cl_slots[] = {
 };
 
 PyDoc_STRVAR(cl_module_doc,
-"cudalab._core: the C extension behind cudalab.\n"
+"cudalab._core: the C extension behind cudalab. Import `cudalab`, not this.\n"
 "\n"
-"Device arrays backed by CUDA's stream-ordered memory pool, device query,\n"
-"memory statistics and the exception hierarchy. Import `cudalab`, not this.");
+"DeviceArray in memory from CUDA's stream-ordered pool and the functions that\n"
+"make, convert and exchange one (DLPack, CUDA Array Interface); device query\n"
+"and selection; memory statistics and pinned host memory; streams, events and\n"
+"CUDA graphs; element-wise ops, reductions, transpose and matmul on our own\n"
+"kernels and cuBLAS; the exception hierarchy. Names starting with an\n"
+"underscore serve the Python package (raw device properties, random\n"
+"generation, the profiler, the measurement kernels) and may change.");
+
+/* "label: a, b, c." wrapped at 78 columns, as lines appended to `lines`. */
+static int
+append_names(PyObject *lines, const char *label, PyObject *names)
+{
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    PyObject *line = n > 0 ? PyUnicode_FromFormat("%s:", label) : NULL;
+    for (Py_ssize_t i = 0; line != NULL && i < n; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        if (PyUnicode_GET_LENGTH(line) + 2 + PyUnicode_GET_LENGTH(name) > 78) {
+            if (PyList_Append(lines, line) < 0) {
+                Py_CLEAR(line);
+                break;
+            }
+            Py_SETREF(line, PyUnicode_FromString("   "));
+            if (line == NULL) {
+                break;
+            }
+        }
+        Py_SETREF(line, PyUnicode_FromFormat("%U %U%s", line, name, i + 1 < n ? "," : "."));
+    }
+    int rc = n == 0 ? 0 : line == NULL ? -1 : PyList_Append(lines, line);
+    Py_XDECREF(line);
+    return rc;
+}
+
+/* The docstring ends with the public names read back from the module, so it
+ * lists exactly what the module offers. */
+static int
+set_module_doc(PyObject *module)
+{
+    enum { EXCEPTIONS, TYPES, FUNCTIONS, CONSTANTS, NGROUPS };
+    static const char *labels[NGROUPS] = {"Exceptions", "Types", "Functions", "Constants"};
+    PyObject *groups[NGROUPS] = {PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0)};
+    PyObject *dict = PyModule_GetDict(module); /* borrowed */
+    PyObject *keys = PyDict_Keys(dict);
+    PyObject *lines = Py_BuildValue("[ss]", cl_module_doc, ""), *doc = NULL;
+    int rc = -1;
+    if (keys == NULL || lines == NULL || PyList_Sort(keys) < 0) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *value = PyDict_GetItem(dict, key);
+        if (!PyUnicode_Check(key) || PyUnicode_READ_CHAR(key, 0) == '_' || value == NULL) {
+            continue;
+        }
+        int g = PyExceptionClass_Check(value) ? EXCEPTIONS
+                : PyType_Check(value)         ? TYPES
+                : PyCallable_Check(value)     ? FUNCTIONS
+                                              : CONSTANTS;
+        if (groups[g] == NULL || PyList_Append(groups[g], key) < 0) {
+            goto done;
+        }
+    }
+    for (int g = 0; g < NGROUPS; g++) {
+        if (groups[g] == NULL || append_names(lines, labels[g], groups[g]) < 0) {
+            goto done;
+        }
+    }
+    PyObject *sep = PyUnicode_FromString("\n");
+    doc = sep == NULL ? NULL : PyUnicode_Join(sep, lines);
+    Py_XDECREF(sep);
+    rc = doc == NULL ? -1 : PyObject_SetAttrString(module, "__doc__", doc);
+done:
+    for (int g = 0; g < NGROUPS; g++) {
+        Py_XDECREF(groups[g]);
+    }
+    Py_XDECREF(keys);
+    Py_XDECREF(lines);
+    Py_XDECREF(doc);
+    return rc;
+}
 
 static struct PyModuleDef cl_module_def = {
     PyModuleDef_HEAD_INIT,

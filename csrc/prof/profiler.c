@@ -82,9 +82,9 @@ typedef struct prof_record {
     int64_t bytes, flops;
     int ninputs;
     int in_ndim[CL_PROF_MAX_INPUTS];
-    int64_t in_shape[CL_PROF_MAX_INPUTS][CL_MAX_NDIM];
+    Py_ssize_t in_shape[CL_PROF_MAX_INPUTS][CL_MAX_NDIM];
     int out_ndim;
-    int64_t out_shape[CL_MAX_NDIM];
+    Py_ssize_t out_shape[CL_MAX_NDIM];
 } prof_record;
 
 typedef struct cl_prof_state {
@@ -452,24 +452,6 @@ resolve(cl_prof_state *P, prof_record *records, Py_ssize_t n)
 }
 
 static PyObject *
-shape_tuple64(int ndim, const int64_t *shape)
-{
-    PyObject *t = PyTuple_New(ndim);
-    if (t == NULL) {
-        return NULL;
-    }
-    for (int i = 0; i < ndim; i++) {
-        PyObject *v = PyLong_FromLongLong(shape[i]);
-        if (v == NULL) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
-}
-
-static PyObject *
 int_or_none(bool known, long long value)
 {
     return known ? PyLong_FromLongLong(value) : Py_NewRef(Py_None);
@@ -499,7 +481,7 @@ record_dict(const prof_record *r)
         goto fail;
     }
     for (int k = 0; k < r->ninputs; k++) {
-        PyObject *t = shape_tuple64(r->in_ndim[k], r->in_shape[k]);
+        PyObject *t = cl_shape_tuple(r->in_ndim[k], r->in_shape[k]);
         if (t == NULL) {
             Py_DECREF(shapes);
             goto fail;
@@ -521,7 +503,7 @@ record_dict(const prof_record *r)
         set_item(d, "dtype", r->dtype >= 0 ? PyUnicode_FromString(cl_dtype_name((cl_dtype)r->dtype))
                                            : Py_NewRef(Py_None)) < 0 ||
         set_item(d, "input_shapes", shapes) < 0 ||
-        set_item(d, "output_shape", r->out_ndim >= 0 ? shape_tuple64(r->out_ndim, r->out_shape)
+        set_item(d, "output_shape", r->out_ndim >= 0 ? cl_shape_tuple(r->out_ndim, r->out_shape)
                                                       : Py_NewRef(Py_None)) < 0 ||
         set_item(d, "bytes", int_or_none(r->bytes >= 0, r->bytes)) < 0 ||
         set_item(d, "flops", int_or_none(r->flops >= 0, r->flops)) < 0 ||
@@ -716,9 +698,7 @@ _profiler_range_begin(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     }
     if (!PyUnicode_Check(argv[0])) {
-        return cl_arg_error(PyExc_TypeError, "_profiler_range_begin", "name",
-                            "expected a str, got %.100s", Py_TYPE(argv[0])->tp_name),
-               NULL;
+        return cl_expected_type_error("_profiler_range_begin", "name", "a str", argv[0]), NULL;
     }
     int flags = st->prof_flags;
     if (flags == 0) {

@@ -1,7 +1,29 @@
 /* Private kernels for the measurement harness (python/cudalab/bench):
  * _spin(cycles) and _empty_kernel(count=1), both on the current stream.
- * See cuda/timing.cu for why each exists. */
+ * See cuda/prof/timing.cu for why each exists. Both go through the op frame,
+ * so the profiler and NVTX see them like any op. */
 #include "cudalab.h"
+
+/* `count` launches of the spin kernel (cycles >= 0) or of the empty kernel
+ * (cycles < 0) on the current stream of the current device. */
+static PyObject *
+launch_on_current_stream(cl_state *st, const char *func, Py_ssize_t cycles, Py_ssize_t count)
+{
+    cl_op op;
+    cl_op_init(&op, st, func);
+    if (cl_op_begin(&op) < 0) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        CL_CUDA_CHECK(st, cycles >= 0 ? cl_spin((long long)cycles, op.stream)
+                                      : cl_empty_kernel(op.stream));
+    }
+    /* No data: the record only says when the kernels ran. */
+    cl_prof_info info = {.dtype = -1, .bytes = 0, .flops = 0, .out_ndim = -1};
+    return cl_op_end(&op, Py_NewRef(Py_None), CL_OP_PROFILING(&op) ? &info : NULL);
+fail:
+    return cl_op_end(&op, NULL, NULL);
+}
 
 PyDoc_STRVAR(spin_doc,
 "_spin(cycles)\n--\n\n"
@@ -31,13 +53,7 @@ spin(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
                             "expected 0 <= cycles < 2**62, got %zd", cycles),
                NULL;
     }
-    if (cl_require_device(st, "_spin") < 0) {
-        return NULL;
-    }
-    CL_CUDA_CHECK(st, cl_spin((long long)cycles, cl_current_stream(st)));
-    Py_RETURN_NONE;
-fail:
-    return NULL;
+    return launch_on_current_stream(st, "_spin", cycles, 1);
 }
 
 PyDoc_STRVAR(empty_kernel_doc,
@@ -70,16 +86,7 @@ empty_kernel(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
                             "expected 0 <= count <= 10**7, got %zd", count),
                NULL;
     }
-    if (cl_require_device(st, "_empty_kernel") < 0) {
-        return NULL;
-    }
-    cudaStream_t stream = cl_current_stream(st);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        CL_CUDA_CHECK(st, cl_empty_kernel(stream));
-    }
-    Py_RETURN_NONE;
-fail:
-    return NULL;
+    return launch_on_current_stream(st, "_empty_kernel", -1, count);
 }
 
 PyMethodDef cl_timing_methods[] = {

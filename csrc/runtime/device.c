@@ -32,8 +32,7 @@ int
 cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out)
 {
     if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
-        return cl_arg_error(PyExc_TypeError, func, param, "expected an int, got %.100s",
-                            Py_TYPE(obj)->tp_name);
+        return cl_expected_type_error(func, param, "an int", obj);
     }
     Py_ssize_t value = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
     if (value == -1 && PyErr_Occurred()) {
@@ -73,6 +72,20 @@ cl_device_exit(int device, int previous)
     }
 }
 
+/* The checks of a device index that need no GPU: an int (not a bool), >= 0. */
+static int
+check_device_index(PyObject *obj, const char *func, Py_ssize_t *index)
+{
+    if (cl_parse_index(obj, func, "device", index) < 0) {
+        return -1;
+    }
+    if (*index < 0) {
+        return cl_arg_error(PyExc_ValueError, func, "device",
+                            "must be a non-negative device index, got %zd", *index);
+    }
+    return 0;
+}
+
 int
 cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device)
 {
@@ -83,14 +96,7 @@ cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device)
         return cl_current_device(st, device);
     }
     Py_ssize_t index;
-    if (cl_parse_index(obj, func, "device", &index) < 0) {
-        return -1;
-    }
-    if (index < 0) {
-        return cl_arg_error(PyExc_ValueError, func, "device",
-                            "must be a non-negative device index, got %zd", index);
-    }
-    if (cl_require_device(st, func) < 0) {
+    if (check_device_index(obj, func, &index) < 0 || cl_require_device(st, func) < 0) {
         return -1;
     }
     if (index >= st->device_count) {
@@ -100,6 +106,18 @@ cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device)
     }
     *device = (int)index;
     return 0;
+}
+
+int
+cl_parse_device_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames, bool required, int *device)
+{
+    static const char *const names[] = {"device", NULL};
+    PyObject *argv[1];
+    if (cl_parse_args(func, args, nargs, kwnames, names, required ? 1 : 0, argv) < 0) {
+        return -1;
+    }
+    return cl_parse_device(st, argv[0], func, device);
 }
 
 /* ---- Python functions ------------------------------------------------------ */
@@ -157,8 +175,7 @@ set_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
         return NULL;
     }
     if (argv[0] == Py_None) {
-        return cl_arg_error(PyExc_TypeError, "set_device", "device", "expected an int, got None"),
-               NULL;
+        return cl_expected_type_error("set_device", "device", "an int", argv[0]), NULL;
     }
     if (cl_parse_device(st, argv[0], "set_device", &device) < 0) {
         return NULL;
@@ -177,13 +194,11 @@ PyDoc_STRVAR(synchronize_doc,
 static PyObject *
 synchronize(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device, previous;
     cudaError_t err = cudaSuccess;
-    if (cl_parse_args("synchronize", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "synchronize", &device) < 0 ||
+    if (cl_parse_device_arg(st, "synchronize", args, nargs, kwnames, false, &device) < 0 ||
+        cl_refuse_while_capturing(st, "synchronize", "synchronizing the device") < 0 ||
         cl_current_device(st, &previous) < 0) {
         return NULL;
     }
@@ -208,15 +223,22 @@ PyDoc_STRVAR(runtime_version_doc,
 "runtime_version()\n--\n\n"
 "The CUDA runtime version cudalab was built with, e.g. 13000 for 13.0.");
 
+/* What `query` reports, or `fallback` when it fails. */
+static PyObject *
+version_or(cudaError_t (*query)(int *), int fallback)
+{
+    int version = 0;
+    if (query(&version) != cudaSuccess) {
+        (void)cudaGetLastError();
+        version = fallback;
+    }
+    return PyLong_FromLong(version);
+}
+
 static PyObject *
 runtime_version(PyObject *module, PyObject *unused)
 {
-    int version = 0;
-    if (cudaRuntimeGetVersion(&version) != cudaSuccess) {
-        (void)cudaGetLastError();
-        version = CUDART_VERSION;
-    }
-    return PyLong_FromLong(version);
+    return version_or(cudaRuntimeGetVersion, CUDART_VERSION);
 }
 
 PyDoc_STRVAR(driver_version_doc,
@@ -227,12 +249,7 @@ PyDoc_STRVAR(driver_version_doc,
 static PyObject *
 driver_version(PyObject *module, PyObject *unused)
 {
-    int version = 0;
-    if (cudaDriverGetVersion(&version) != cudaSuccess) {
-        (void)cudaGetLastError();
-        version = 0;
-    }
-    return PyLong_FromLong(version);
+    return version_or(cudaDriverGetVersion, 0);
 }
 
 PyDoc_STRVAR(device_properties_doc,
@@ -243,15 +260,12 @@ PyDoc_STRVAR(device_properties_doc,
 static PyObject *
 device_properties(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device, clock_khz = 0, mem_clock_khz = 0;
     struct cudaDeviceProp prop;
     char pci[32];
     char uuid[64];
-    if (cl_parse_args("_device_properties", args, nargs, kwnames, names, 1, argv) < 0 ||
-        cl_parse_device(st, argv[0], "_device_properties", &device) < 0) {
+    if (cl_parse_device_arg(st, "_device_properties", args, nargs, kwnames, true, &device) < 0) {
         return NULL;
     }
     CL_CUDA_CHECK(st, cudaGetDeviceProperties(&prop, device));
@@ -294,6 +308,98 @@ fail:
     return NULL;
 }
 
+/* ---- private helpers for the Python package's wrappers ------------------------
+ *
+ * A wrapper written in Python (cudalab.device, get_device_properties,
+ * memory_summary, ...) passes its own name as `caller`, so every error names
+ * the function the user called and is raised from that function's frame. */
+
+/* Arguments (device, caller[, ...]) of the helpers below; `caller` a str. */
+static int
+parse_helper_args(const char *func, const char *const *names, PyObject *const *args,
+                  Py_ssize_t nargs, PyObject *kwnames, PyObject **argv, const char **caller)
+{
+    if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0) {
+        return -1;
+    }
+    if (!PyUnicode_Check(argv[1])) {
+        return cl_expected_type_error(func, "caller", "a str", argv[1]);
+    }
+    *caller = PyUnicode_AsUTF8(argv[1]);
+    return *caller == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(_parse_device_doc,
+"_parse_device(device, caller, check_only=False)\n--\n\n"
+"Check a `device` argument the way every cudalab function does, with errors\n"
+"naming `caller`.\n\n"
+"Parameters\n----------\n"
+"device : int or None\n    None means the current device.\n"
+"caller : str\n    The public function the user called.\n"
+"check_only : bool, optional\n"
+"    Only check the argument's type and sign, touching no GPU; None then\n"
+"    comes back as None.\n\n"
+"Returns\n-------\nint or None\n    The device index.\n\n"
+"Raises\n------\nTypeError, ValueError\n    A bad argument.\n"
+"NoDeviceError\n    No device (unless check_only).");
+
+static PyObject *
+_parse_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"device", "caller", "check_only", NULL};
+    PyObject *argv[3];
+    const char *caller = NULL;
+    int device, check_only = 0;
+    if (parse_helper_args("_parse_device", names, args, nargs, kwnames, argv, &caller) < 0 ||
+        (argv[2] != NULL && (check_only = PyObject_IsTrue(argv[2])) < 0)) {
+        return NULL;
+    }
+    if (check_only) {
+        Py_ssize_t index;
+        if (argv[0] == Py_None) {
+            Py_RETURN_NONE;
+        }
+        return check_device_index(argv[0], caller, &index) < 0 ? NULL
+                                                                : PyLong_FromSsize_t(index);
+    }
+    if (cl_parse_device(cl_state_from_module(module), argv[0], caller, &device) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLong(device);
+}
+
+PyDoc_STRVAR(_exchange_device_doc,
+"_exchange_device(device, caller)\n--\n\n"
+"Make `device` current and return the device that was current before\n"
+"(what the cudalab.device context does on enter and exit). Errors name\n"
+"`caller`.");
+
+static PyObject *
+_exchange_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"device", "caller", NULL};
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    const char *caller = NULL;
+    int device, previous;
+    if (parse_helper_args("_exchange_device", names, args, nargs, kwnames, argv, &caller) < 0) {
+        return NULL;
+    }
+    if (argv[0] == Py_None) {
+        return cl_expected_type_error(caller, "device", "an int", argv[0]), NULL;
+    }
+    if (cl_parse_device(st, argv[0], caller, &device) < 0 ||
+        cl_current_device(st, &previous) < 0) {
+        return NULL;
+    }
+    if (device != previous) {
+        CL_CUDA_CHECK(st, cudaSetDevice(device));
+    }
+    return PyLong_FromLong(previous);
+fail:
+    return NULL;
+}
+
 PyMethodDef cl_device_methods[] = {
     {"is_available", is_available, METH_NOARGS, is_available_doc},
     {"device_count", device_count, METH_NOARGS, device_count_doc},
@@ -306,5 +412,7 @@ PyMethodDef cl_device_methods[] = {
     {"driver_version", driver_version, METH_NOARGS, driver_version_doc},
     {"_device_properties", (PyCFunction)(void (*)(void))device_properties,
      METH_FASTCALL | METH_KEYWORDS, device_properties_doc},
+    CL_FASTCALL(_parse_device),
+    CL_FASTCALL(_exchange_device),
     {NULL, NULL, 0, NULL},
 };

@@ -47,6 +47,21 @@ cl_graph_thread_capturing(void)
     return tl_capture_graph != NULL;
 }
 
+int
+cl_refuse_while_capturing(cl_state *st, const char *func, const char *what)
+{
+    if (tl_capture_graph == NULL) {
+        return 0;
+    }
+    PyErr_Format(st->CudalabError,
+                 "%s(): %s is not allowed while this thread captures a CUDA graph: CUDA would "
+                 "invalidate the capture. Do it before or after the `with cudalab.graph(...)` "
+                 "block (host copies inside a capture need pinned memory and "
+                 "non_blocking=True)",
+                 func, what);
+    return -1;
+}
+
 PyObject *
 cl_graph_adopt(cudaStream_t s, void *ptr)
 {
@@ -122,28 +137,45 @@ destroy_all(GraphObject *g)
     cl_device_exit(g->device, previous);
 }
 
-/* End a capture that failed or is abandoned; the stream is usable after. */
-static void
-abort_capture(GraphObject *g)
+/* End `g`'s capture (its stream is usable after) and leave this thread's
+ * capture state; the captured graph, if any, goes to *graph. */
+static cudaError_t
+end_capture(GraphObject *g, cudaGraph_t *graph)
 {
-    cudaGraph_t partial = NULL;
-    if (!g->capturing) {
-        return;
-    }
-    if (cudaStreamEndCapture(g->capture_stream, &partial) != cudaSuccess) {
-        (void)cudaGetLastError();
-    }
-    if (partial != NULL) {
-        (void)cudaGraphDestroy(partial);
-    }
-    (void)cudaGetLastError();
+    *graph = NULL;
+    cudaError_t err = cudaStreamEndCapture(g->capture_stream, graph);
     g->capturing = false;
     if (tl_capture_graph == g) {
         tl_capture_graph = NULL;
         tl_capture_stream = NULL;
     }
+    return err;
+}
+
+/* End a capture that failed or is abandoned, discarding what it captured. */
+static void
+abort_capture(GraphObject *g)
+{
+    cudaGraph_t partial;
+    if (!g->capturing) {
+        return;
+    }
+    (void)end_capture(g, &partial);
+    if (partial != NULL) {
+        (void)cudaGraphDestroy(partial);
+    }
+    (void)cudaGetLastError();
     /* Nothing was ever allocated for real: forget the addresses. */
     g->num_ptrs = 0;
+}
+
+/* CudalabError "<func>(): <message>" for a CUDAGraph used out of order. */
+static PyObject *
+graph_state_error(GraphObject *g, const char *func, const char *message)
+{
+    cl_state *st = cl_state_from_type(Py_TYPE(g));
+    PyErr_Format(st->CudalabError, "%s(): %s", func, message);
+    return NULL;
 }
 
 static PyObject *
@@ -199,19 +231,16 @@ Graph_capture_begin(GraphObject *self, PyObject *stream)
                NULL;
     }
     if (self->capturing) {
-        PyErr_SetString(PyExc_RuntimeError, "capture_begin(): this CUDAGraph is already capturing");
-        return NULL;
+        return graph_state_error(self, "capture_begin", "this CUDAGraph is already capturing");
     }
     if (self->exec != NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "capture_begin(): this CUDAGraph already holds a captured graph; "
-                        "call reset() first");
-        return NULL;
+        return graph_state_error(self, "capture_begin",
+                                 "this CUDAGraph already holds a captured graph; call reset() "
+                                 "first");
     }
     if (tl_capture_graph != NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "capture_begin(): this thread is already capturing another graph");
-        return NULL;
+        return graph_state_error(self, "capture_begin",
+                                 "this thread is already capturing another graph");
     }
     if (cl_device_enter(st, device, &previous) < 0) {
         return NULL;
@@ -240,18 +269,14 @@ Graph_capture_end(GraphObject *self, PyObject *unused)
     cudaGraph_t graph = NULL;
     int previous;
     if (!self->capturing || tl_capture_graph != self) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "capture_end(): this CUDAGraph is not capturing in this thread");
-        return NULL;
+        return graph_state_error(self, "capture_end",
+                                 "this CUDAGraph is not capturing in this thread");
     }
     if (cl_device_enter(st, self->device, &previous) < 0) {
         abort_capture(self);
         return NULL;
     }
-    cudaError_t err = cudaStreamEndCapture(self->capture_stream, &graph);
-    self->capturing = false;
-    tl_capture_graph = NULL;
-    tl_capture_stream = NULL;
+    cudaError_t err = end_capture(self, &graph);
     if (err == cudaSuccess) {
         self->graph = graph;
         err = cudaGraphInstantiateWithFlags(&self->exec, graph,
@@ -294,33 +319,26 @@ PyDoc_STRVAR(Graph_replay_doc,
 static PyObject *
 Graph_replay(GraphObject *self, PyObject *unused)
 {
-    cl_state *st = cl_state_from_type(Py_TYPE(self));
-    int previous;
     if (self->exec == NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        self->capturing ? "replay(): the graph is still capturing"
-                                        : "replay(): nothing captured (use `with graph(g):`)");
+        return graph_state_error(self, "replay",
+                                 self->capturing ? "the graph is still capturing"
+                                                 : "nothing captured yet (capture with "
+                                                   "`with cudalab.graph(g):` first)");
+    }
+    cl_op op;
+    cl_op_init(&op, cl_state_from_type(Py_TYPE(self)), "CUDAGraph.replay");
+    op.device = self->device;
+    if (cl_op_begin(&op) < 0) {
         return NULL;
     }
-    if (cl_device_enter(st, self->device, &previous) < 0) {
-        return NULL;
-    }
-    cudaStream_t stream = cl_current_stream(st);
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, "CUDAGraph.replay", self->device);
-    cudaError_t err = cudaGraphLaunch(self->exec, stream);
-    if (CL_PROF_ACTIVE(&ps)) {
-        /* What the graph does is not known here: no dtype, bytes or FLOPs. */
-        cl_prof_info info = {.dtype = -1, .bytes = -1, .flops = -1, .out_ndim = -1};
-        cl_prof_end(st, &ps, err == cudaSuccess ? &info : NULL);
-    }
-    cl_device_exit(self->device, previous);
-    CL_CUDA_CHECK(st, err);
+    CL_CUDA_CHECK(op.st, cudaGraphLaunch(self->exec, op.stream));
     self->launched = true;
-    self->launch_stream = stream;
-    Py_RETURN_NONE;
+    self->launch_stream = op.stream;
+    /* What the graph does is not known here: no dtype, bytes or FLOPs. */
+    cl_prof_info info = {.dtype = -1, .bytes = -1, .flops = -1, .out_ndim = -1};
+    return cl_op_end(&op, Py_NewRef(Py_None), &info);
 fail:
-    return NULL;
+    return cl_op_end(&op, NULL, NULL);
 }
 
 PyDoc_STRVAR(Graph_reset_doc,
@@ -332,11 +350,10 @@ static PyObject *
 Graph_reset(GraphObject *self, PyObject *unused)
 {
     if (self->capturing) {
-        PyErr_SetString(PyExc_RuntimeError, "reset(): the graph is capturing");
-        return NULL;
+        return graph_state_error(self, "reset", "the graph is capturing");
     }
     if (self->live_arrays > 0) {
-        PyErr_Format(PyExc_RuntimeError,
+        PyErr_Format(cl_state_from_type(Py_TYPE(self))->CudalabError,
                      "reset(): %zd array(s) created during capture are still alive; their "
                      "memory belongs to the graph (delete them first)",
                      self->live_arrays);

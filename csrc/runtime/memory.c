@@ -82,6 +82,13 @@ cl_malloc(cl_state *st, const char *func, int device, size_t nbytes, cudaStream_
         return raise_oom(st, device, nbytes, 1);
     }
     cudaError_t err = cudaMallocFromPoolAsync(out, nbytes, ds->pool, stream);
+    if (err == cudaErrorMemoryAllocation && cl_graph_thread_capturing()) {
+        /* The retry below synchronizes the device, which would invalidate the
+         * capture: report the failure as it is. */
+        (void)cudaGetLastError();
+        *out = NULL;
+        return raise_oom(st, device, nbytes, 0);
+    }
     if (err == cudaErrorMemoryAllocation) {
         /* Let pending stream-ordered frees finish, hand the pool's cached
          * memory back to the driver, and try once more. */
@@ -178,11 +185,8 @@ static int
 parse_memory_device(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
                     PyObject *kwnames, int *device)
 {
-    static const char *const names[] = {"device", NULL};
-    PyObject *argv[1];
     int previous, rc;
-    if (cl_parse_args(func, args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], func, device) < 0 ||
+    if (cl_parse_device_arg(st, func, args, nargs, kwnames, false, device) < 0 ||
         cl_device_enter(st, *device, &previous) < 0) {
         return -1;
     }
@@ -247,7 +251,8 @@ static PyObject *
 empty_cache(PyObject *module, PyObject *unused)
 {
     cl_state *st = cl_state_from_module(module);
-    if (cl_require_device(st, "empty_cache") < 0) {
+    if (cl_require_device(st, "empty_cache") < 0 ||
+        cl_refuse_while_capturing(st, "empty_cache", "synchronizing the device") < 0) {
         return NULL;
     }
     for (int device = 0; device < st->device_count; device++) {
@@ -278,8 +283,7 @@ static int
 parse_fraction(PyObject *obj, const char *func, double *out)
 {
     if (PyBool_Check(obj) || !(PyFloat_Check(obj) || PyLong_Check(obj))) {
-        return cl_arg_error(PyExc_TypeError, func, "fraction", "expected a float, got %.100s",
-                            Py_TYPE(obj)->tp_name);
+        return cl_expected_type_error(func, "fraction", "a float", obj);
     }
     double value = PyFloat_AsDouble(obj);
     if (value == -1.0 && PyErr_Occurred()) {
@@ -310,7 +314,7 @@ set_per_process_memory_fraction(PyObject *module, PyObject *const *args, Py_ssiz
     static const char *func = "set_per_process_memory_fraction";
     cl_state *st = cl_state_from_module(module);
     PyObject *argv[2];
-    double fraction;
+    double fraction = 1.0;
     int device, previous, rc;
     if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0 ||
         parse_fraction(argv[0], func, &fraction) < 0 ||
@@ -368,13 +372,10 @@ PyDoc_STRVAR(mem_get_info_doc,
 static PyObject *
 mem_get_info(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device;
     size_t free_bytes, total;
-    if (cl_parse_args("mem_get_info", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "mem_get_info", &device) < 0 ||
+    if (cl_parse_device_arg(st, "mem_get_info", args, nargs, kwnames, false, &device) < 0 ||
         device_mem_info(st, device, &free_bytes, &total) < 0) {
         return NULL;
     }
@@ -497,7 +498,8 @@ pinned_empty(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
         }
         nbytes *= (size_t)shape[i];
     }
-    if (cl_require_device(st, func) < 0) {
+    if (cl_require_device(st, func) < 0 ||
+        cl_refuse_while_capturing(st, func, "allocating page-locked host memory") < 0) {
         return NULL;
     }
     cudaError_t err;
@@ -550,9 +552,7 @@ is_pinned(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *k
         return NULL;
     }
     if (!PyArray_Check(argv[0])) {
-        return cl_arg_error(PyExc_TypeError, "is_pinned", "a",
-                            "expected a numpy.ndarray, got %.100s", Py_TYPE(argv[0])->tp_name),
-               NULL;
+        return cl_expected_type_error("is_pinned", "a", "a numpy.ndarray", argv[0]), NULL;
     }
     if (cl_require_device(st, "is_pinned") < 0) {
         return NULL;

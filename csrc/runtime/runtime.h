@@ -20,6 +20,10 @@ int cl_require_device(cl_state *st, const char *func);
 /* Parse an optional `device` argument (None = current). Validates before
  * touching the GPU, then requires one. Returns -1 with an exception set. */
 int cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device);
+/* The same for a FASTCALL function whose only argument is `device`
+ * (optional unless `required`). */
+int cl_parse_device_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames, bool required, int *device);
 int cl_current_device(cl_state *st, int *device);
 /* Make `device` current for an operation on its arrays; cl_device_exit puts
  * the caller's device back (a no-op when they were the same). */
@@ -56,6 +60,10 @@ void cl_graph_release(PyObject *graph, void *ptr);
 
 /* True while this thread is capturing a CUDA graph (any stream). */
 bool cl_graph_thread_capturing(void);
+/* 0, or -1 with CudalabError when this thread is capturing a CUDA graph:
+ * `what` (e.g. "synchronizing the device") would invalidate the capture.
+ * Call it before the CUDA call that would. */
+int cl_refuse_while_capturing(cl_state *st, const char *func, const char *what);
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 

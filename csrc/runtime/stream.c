@@ -134,14 +134,10 @@ stream_wrap(cl_state *st, cudaStream_t handle, int device, int priority, bool ow
 }
 
 static int
-check_type(cl_state *st, PyObject *obj, PyTypeObject *type, const char *func, const char *param,
+check_type(PyObject *obj, PyTypeObject *type, const char *func, const char *param,
            const char *what)
 {
-    if (Py_TYPE(obj) != type) {
-        return cl_arg_error(PyExc_TypeError, func, param, "expected %s, got %.100s", what,
-                            Py_TYPE(obj)->tp_name);
-    }
-    return 0;
+    return Py_TYPE(obj) == type ? 0 : cl_expected_type_error(func, param, what, obj);
 }
 
 static int
@@ -218,9 +214,7 @@ Stream_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (prio_obj != NULL) {
         if (PyBool_Check(prio_obj) || !PyLong_Check(prio_obj)) {
-            return cl_arg_error(PyExc_TypeError, "Stream", "priority", "expected an int, got %.100s",
-                                Py_TYPE(prio_obj)->tp_name),
-                   NULL;
+            return cl_expected_type_error("Stream", "priority", "an int", prio_obj), NULL;
         }
         int overflow = 0;
         priority = PyLong_AsLongAndOverflow(prio_obj, &overflow);
@@ -358,7 +352,8 @@ Stream_synchronize(StreamObject *self, PyObject *unused)
     cl_state *st = state_of((PyObject *)self);
     int previous;
     cudaError_t err;
-    if (cl_device_enter(st, self->device, &previous) < 0) {
+    if (cl_refuse_while_capturing(st, "Stream.synchronize", "synchronizing a stream") < 0 ||
+        cl_device_enter(st, self->device, &previous) < 0) {
         return NULL;
     }
     CL_WITHOUT_GIL(err = cudaStreamSynchronize(self->handle));
@@ -391,7 +386,8 @@ Stream_query(StreamObject *self, PyObject *unused)
 {
     cl_state *st = state_of((PyObject *)self);
     int previous;
-    if (cl_device_enter(st, self->device, &previous) < 0) {
+    if (cl_refuse_while_capturing(st, "Stream.query", "querying a stream") < 0 ||
+        cl_device_enter(st, self->device, &previous) < 0) {
         return NULL;
     }
     cudaError_t err = cudaStreamQuery(self->handle);
@@ -419,7 +415,7 @@ Stream_wait_event(StreamObject *self, PyObject *event)
 {
     cl_state *st = state_of((PyObject *)self);
     int previous;
-    if (check_type(st, event, st->Event_Type, "wait_event", "event", "an Event") < 0 ||
+    if (check_type(event, st->Event_Type, "wait_event", "event", "an Event") < 0 ||
         require_recorded((EventObject *)event, "wait_event", "event") < 0 ||
         cl_device_enter(st, self->device, &previous) < 0) {
         return NULL;
@@ -442,7 +438,7 @@ static PyObject *
 Stream_wait_stream(StreamObject *self, PyObject *other)
 {
     cl_state *st = state_of((PyObject *)self);
-    if (check_type(st, other, st->Stream_Type, "wait_stream", "stream", "a Stream") < 0 ||
+    if (check_type(other, st->Stream_Type, "wait_stream", "stream", "a Stream") < 0 ||
         stream_wait_stream(st, self->handle, ((StreamObject *)other)->handle, self->device) < 0) {
         return NULL;
     }
@@ -482,7 +478,7 @@ Stream_record_event(StreamObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     }
     if (argv[0] != NULL && argv[0] != Py_None) {
-        if (check_type(st, argv[0], st->Event_Type, "record_event", "event", "an Event") < 0) {
+        if (check_type(argv[0], st->Event_Type, "record_event", "event", "an Event") < 0) {
             return NULL;
         }
         e = (EventObject *)Py_NewRef(argv[0]);
@@ -647,7 +643,7 @@ Event_record(EventObject *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
         return NULL;
     }
     if (argv[0] != NULL && argv[0] != Py_None) {
-        if (check_type(st, argv[0], st->Stream_Type, "record", "stream", "a Stream") < 0) {
+        if (check_type(argv[0], st->Stream_Type, "record", "stream", "a Stream") < 0) {
             return NULL;
         }
         StreamObject *s = (StreamObject *)argv[0];
@@ -681,6 +677,9 @@ Event_synchronize(EventObject *self, PyObject *unused)
 {
     cl_state *st = state_of((PyObject *)self);
     cudaError_t err;
+    if (cl_refuse_while_capturing(st, "Event.synchronize", "waiting for an event") < 0) {
+        return NULL;
+    }
     CL_WITHOUT_GIL(err = cudaEventSynchronize(self->handle));
     CL_CUDA_CHECK(st, err);
     Py_RETURN_NONE;
@@ -694,7 +693,11 @@ PyDoc_STRVAR(Event_query_doc,
 static PyObject *
 Event_query(EventObject *self, PyObject *unused)
 {
-    return query_result(state_of((PyObject *)self), cudaEventQuery(self->handle));
+    cl_state *st = state_of((PyObject *)self);
+    if (cl_refuse_while_capturing(st, "Event.query", "querying an event") < 0) {
+        return NULL;
+    }
+    return query_result(st, cudaEventQuery(self->handle));
 }
 
 PyDoc_STRVAR(Event_elapsed_time_doc,
@@ -707,7 +710,7 @@ static PyObject *
 Event_elapsed_time(EventObject *self, PyObject *end_obj)
 {
     cl_state *st = state_of((PyObject *)self);
-    if (check_type(st, end_obj, st->Event_Type, "elapsed_time", "end", "an Event") < 0) {
+    if (check_type(end_obj, st->Event_Type, "elapsed_time", "end", "an Event") < 0) {
         return NULL;
     }
     EventObject *end = (EventObject *)end_obj;
@@ -729,7 +732,8 @@ Event_elapsed_time(EventObject *self, PyObject *end_obj)
                         "(call event.record() first)");
         return NULL;
     }
-    if (require_recorded(end, "elapsed_time", "end") < 0) {
+    if (require_recorded(end, "elapsed_time", "end") < 0 ||
+        cl_refuse_while_capturing(st, "elapsed_time", "waiting for events") < 0) {
         return NULL;
     }
     float ms = 0.0f;
@@ -809,12 +813,9 @@ PyDoc_STRVAR(current_stream_doc,
 static PyObject *
 current_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device;
-    if (cl_parse_args("current_stream", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "current_stream", &device) < 0) {
+    if (cl_parse_device_arg(st, "current_stream", args, nargs, kwnames, false, &device) < 0) {
         return NULL;
     }
     if (tl_stream[device] != NULL) {
@@ -830,12 +831,9 @@ PyDoc_STRVAR(default_stream_doc,
 static PyObject *
 default_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"device", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[1];
     int device;
-    if (cl_parse_args("default_stream", args, nargs, kwnames, names, 0, argv) < 0 ||
-        cl_parse_device(st, argv[0], "default_stream", &device) < 0) {
+    if (cl_parse_device_arg(st, "default_stream", args, nargs, kwnames, false, &device) < 0) {
         return NULL;
     }
     return stream_wrap(st, (cudaStream_t)0, device, 0, false);
@@ -845,7 +843,7 @@ PyObject *
 cl_array_record_stream(PyObject *self, PyObject *stream)
 {
     cl_state *st = cl_state_from_type(Py_TYPE(self));
-    if (check_type(st, stream, st->Stream_Type, "record_stream", "stream", "a Stream") < 0) {
+    if (check_type(stream, st->Stream_Type, "record_stream", "stream", "a Stream") < 0) {
         return NULL;
     }
     cl_array_note_stream((DeviceArray *)self, ((StreamObject *)stream)->handle);
@@ -879,7 +877,7 @@ int
 cl_stream_handle(cl_state *st, PyObject *obj, const char *func, const char *param,
                  cudaStream_t *handle, int *device)
 {
-    if (check_type(st, obj, st->Stream_Type, func, param, "a Stream") < 0) {
+    if (check_type(obj, st->Stream_Type, func, param, "a Stream") < 0) {
         return -1;
     }
     *handle = ((StreamObject *)obj)->handle;

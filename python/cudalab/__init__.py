@@ -79,7 +79,7 @@ from ._core import (  # noqa: A004
     sub,
     tanh,
 )
-# Pinned host memory and interop (issue 4).
+# Pinned host memory and interop.
 from ._core import from_dlpack, is_pinned, pinned_empty
 from .devices import (
     DeviceProperties,
@@ -90,7 +90,7 @@ from .devices import (
 )
 from .memory import memory_summary
 from . import random
-# Streams, events, CUDA graphs (issue 4).
+# Streams, events, CUDA graphs.
 from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
 from .streams import graph, stream
 # Measurement (issue 5): the timing harness and measured ceilings.

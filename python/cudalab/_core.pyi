@@ -49,6 +49,9 @@ def set_device(device: int) -> None: ...
 def synchronize(device: int | None = None) -> None: ...
 def runtime_version() -> int: ...  # e.g. 13000 for CUDA 13.0
 def driver_version() -> int: ...  # 0 when no driver is installed
+# For Python wrappers: check `device` (None: the current one) with errors naming `caller`.
+def _parse_device(device: int | None, caller: str, check_only: bool = False) -> int | None: ...
+def _exchange_device(device: int, caller: str) -> int: ...  # make current, return the previous
 def _device_properties(device: int) -> dict[str, Any]:
     """Raw properties; cudalab.get_device_properties wraps them.
 

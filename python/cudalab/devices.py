@@ -35,7 +35,6 @@ missing from the table gets ``None`` for every dtype: we never guess.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Any
 
 from . import _core
@@ -247,20 +246,8 @@ class DeviceProperties:
         return "\n".join(lines)
 
 
-def _device_index(value: Any, func: str) -> int:
-    """Check a device argument before any CUDA call; return it as an int."""
-    # bool is an int subclass, but device(True) is almost surely a mistake.
-    if isinstance(value, bool):
-        raise TypeError(f"{func}(): argument 'device' must be an int or None, not bool")
-    try:
-        index = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{func}(): argument 'device' must be an int or None, not {type(value).__name__}"
-        ) from None
-    if index < 0:
-        raise ValueError(f"{func}(): argument 'device' must be >= 0, got {index}")
-    return index
+# Every function below hands its own name to the C extension, which checks
+# the argument and raises from the frame of the function the user called.
 
 
 def get_device_properties(device: int | None = None) -> DeviceProperties:
@@ -274,22 +261,35 @@ def get_device_properties(device: int | None = None) -> DeviceProperties:
     Returns
     -------
     DeviceProperties
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``device`` is not a non-negative int, or names no visible device.
+    NoDeviceError
+        If no CUDA device (or no driver) is available.
     """
-    if device is None:
-        index = _core.current_device()
-    else:
-        index = _device_index(device, "get_device_properties")
+    index = _core._parse_device(device, "get_device_properties")
     return DeviceProperties.from_raw(index, _core._device_properties(index))
 
 
 def get_device_name(device: int | None = None) -> str:
-    """Return the name of a device (None: the current device)."""
-    return get_device_properties(device).name
+    """Return the name of a device (None: the current device).
+
+    Raises as :func:`get_device_properties` does.
+    """
+    index = _core._parse_device(device, "get_device_name")
+    return _core._device_properties(index)["name"]
 
 
 def get_device_capability(device: int | None = None) -> tuple[int, int]:
-    """Return the ``(major, minor)`` compute capability of a device (None: the current one)."""
-    return get_device_properties(device).compute_capability
+    """Return the ``(major, minor)`` compute capability of a device (None: the current one).
+
+    Raises as :func:`get_device_properties` does.
+    """
+    index = _core._parse_device(device, "get_device_capability")
+    raw = _core._device_properties(index)
+    return (raw["major"], raw["minor"])
 
 
 class device:
@@ -310,29 +310,26 @@ class device:
     TypeError
         If ``device`` is not an int (a bool counts as not an int) or None.
     ValueError
-        If ``device`` is negative.
+        If ``device`` is negative, or (on enter) names no visible device.
+    NoDeviceError
+        On enter, if no CUDA device (or no driver) is available.
 
     Notes
     -----
-    The argument is checked here, before any CUDA call, so the errors need no GPU.
-    An index beyond ``device_count()`` is reported by ``set_device`` on enter.
+    The argument's type and sign are checked here, before any CUDA call, so
+    those errors need no GPU; whether the device exists is checked on enter.
     """
 
     def __init__(self, device: int | None) -> None:
-        self.idx: int | None = None if device is None else _device_index(device, "device")
+        self.idx: int | None = _core._parse_device(device, "device", check_only=True)
         # A stack, so that one instance can be entered again while already active.
         self._previous: list[int] = []
 
     def __enter__(self) -> device:
         if self.idx is not None:
-            previous = _core.current_device()
-            self._previous.append(previous)
-            if previous != self.idx:
-                _core.set_device(self.idx)
+            self._previous.append(_core._exchange_device(self.idx, "device"))
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self.idx is not None:
-            previous = self._previous.pop()
-            if previous != self.idx:
-                _core.set_device(previous)
+            _core._exchange_device(self._previous.pop(), "device")

@@ -181,7 +181,14 @@ def memory_summary(device: int | None = None, abbreviated: bool = False) -> str:
     -------
     str
         See :func:`format_memory_summary`.
+
+    Raises
+    ------
+    NoDeviceError
+        Without a CUDA device or driver.
+    TypeError, ValueError
+        For a ``device`` that is not the index of a visible device.
     """
-    stats = _core.memory_stats(device)
-    index = _core.current_device() if device is None else device
-    return format_memory_summary(stats, index, abbreviated=abbreviated)
+    # The C extension checks `device` and names this function in its errors.
+    index = _core._parse_device(device, "memory_summary")
+    return format_memory_summary(_core.memory_stats(index), index, abbreviated=abbreviated)

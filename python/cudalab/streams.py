@@ -7,9 +7,9 @@ live in the C extension; this module adds the ``graph`` capture context and
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional
+from typing import Optional
 
+from . import _core
 from ._core import CUDAGraph, Stream, current_stream
 
 __all__ = ["graph", "stream"]
@@ -27,8 +27,11 @@ class graph:
     stay valid afterwards and hold the results of each ``cuda_graph.replay()``.
 
     An operation that cannot be captured (``synchronize()``, a pageable
-    ``get()``, ...) raises; the capture is then ended and discarded, the
-    stream stays usable, and the error propagates.
+    ``get()`` or ``asarray()``, ``empty_cache()``, ``Stream.synchronize()``,
+    ``Event.synchronize()``, ...) is refused with :class:`CudalabError`
+    before CUDA is asked, so the capture itself stays valid: caught inside
+    the block, the capture goes on. An error that leaves the block ends the
+    capture and discards it; the stream stays usable.
 
     Parameters
     ----------
@@ -64,6 +67,8 @@ class graph:
         self.stream = stream
 
     def __enter__(self) -> CUDAGraph:
+        # Without a device, the error names graph(), not Stream().
+        _core._parse_device(None, "graph")
         side = self.stream if self.stream is not None else Stream()
         side.wait_stream(current_stream(side.device))
         side.__enter__()
@@ -84,22 +89,44 @@ class graph:
                 self.cuda_graph._abort_capture()
                 if exc is not None and hasattr(exc, "add_note"):
                     exc.add_note(
-                        "cudalab.graph: the CUDA graph capture was ended and discarded; "
-                        "this operation cannot be captured (no synchronization, pageable "
-                        "host copies or legacy-stream work while capturing)"
+                        "cudalab.graph: the CUDA graph capture was ended and discarded "
+                        "because an error left the `with` block"
                     )
         finally:
             side.__exit__(None, None, None)
         return False
 
 
-@contextlib.contextmanager
-def stream(s: Optional[Stream]) -> Iterator[Optional[Stream]]:
-    """``with cudalab.stream(s):`` — like ``with s:``, and a no-op for None."""
-    if s is None:
-        yield None
-        return
-    if not isinstance(s, Stream):
-        raise TypeError(f"stream() argument 's': expected a Stream or None, got {type(s).__name__}")
-    with s:
-        yield s
+class stream:
+    """Make ``s`` the current stream inside the block; a no-op for None.
+
+    stream(s)
+
+    ``with cudalab.stream(s):`` is ``with s:``, shaped like ``torch.cuda.stream``.
+
+    Parameters
+    ----------
+    s : Stream or None
+
+    Raises
+    ------
+    TypeError
+        If ``s`` is neither a Stream nor None.
+    """
+
+    def __init__(self, s: Optional[Stream]) -> None:
+        if s is not None and not isinstance(s, Stream):
+            raise TypeError(
+                f"stream() argument 's': expected a Stream or None, got {type(s).__name__}"
+            )
+        self.stream = s
+
+    def __enter__(self) -> Optional[Stream]:
+        if self.stream is not None:
+            self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.stream is not None:
+            self.stream.__exit__(None, None, None)
+        return False
