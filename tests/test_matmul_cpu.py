@@ -2,8 +2,9 @@
 
 Checked before any device access (so the same with or without a GPU):
 the float32 precision setting, matmul's `precision` argument (validated first),
-non-DeviceArray operands, and the calling convention. Dtype/shape/out errors
-need real DeviceArrays and live in test_matmul_gpu.py.
+non-DeviceArray operands (the one "expected a cudalab.DeviceArray" message with
+the asarray() hint), the order of the checks, and the calling convention.
+Dtype/shape/out errors need real DeviceArrays and live in test_matmul_gpu.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import cudalab
+from _support import DTYPE_IDS, DTYPES, is_float
 
 
 def arg_error(func: str, param: str) -> str:
@@ -110,12 +112,45 @@ def test_matmul_non_string_precision_is_type_error(value):
 
 
 @pytest.mark.parametrize(
-    "a", [np.ones((2, 2), dtype=np.float32), [[1.0, 2.0]], 3.0, None, "a"],
+    ("a", "type_name"),
+    [
+        (np.ones((2, 2), dtype=np.float32), "numpy.ndarray"),
+        ([[1.0, 2.0]], "list"),
+        (3.0, "float"),
+        (None, "NoneType"),
+        ("a", "str"),
+    ],
     ids=["ndarray", "list", "float", "None", "str"],
 )
-def test_matmul_non_devicearray_operand_is_type_error(a):
-    with pytest.raises(TypeError, match=arg_error("matmul", "a")):
+def test_matmul_non_devicearray_operand_is_type_error(a, type_name):
+    expected = (
+        f"matmul() argument 'a': expected a cudalab.DeviceArray, got {type_name} "
+        "(copy host data to the device with cudalab.asarray())"
+    )
+    with pytest.raises(TypeError) as info:
         cudalab.matmul(a, np.ones((2, 2), dtype=np.float32))
+    assert str(info.value) == expected
+    with pytest.raises(TypeError) as info:
+        cudalab.matmul(b=np.ones((2, 2), dtype=np.float32), a=a)
+    assert str(info.value) == expected
+
+
+def test_matmul_checks_a_before_b():
+    with pytest.raises(TypeError, match=arg_error("matmul", "a")):
+        cudalab.matmul([1.0], "not an array")
+    with pytest.raises(TypeError, match=arg_error("matmul", "a")):
+        cudalab.matmul([1.0], "not an array", out="not an array either")
+
+
+def test_matmul_precision_checked_before_operands():
+    """A bad precision is reported even when the operands are bad too; None
+    (the process-wide setting) passes on to the operand checks."""
+    with pytest.raises(ValueError, match=arg_error("matmul", "precision")):
+        cudalab.matmul(None, None, precision="low")
+    with pytest.raises(TypeError, match=arg_error("matmul", "precision")):
+        cudalab.matmul(None, None, out=1, precision=3)
+    with pytest.raises(TypeError, match=arg_error("matmul", "a")):
+        cudalab.matmul(None, None, precision=None)
 
 
 def test_matmul_calling_convention():
@@ -129,7 +164,6 @@ def test_matmul_calling_convention():
         cudalab.matmul(1, 2, b=3)
 
 
-
 def test_private_backend_switch_round_trip():
     """_set_matmul_backend (for benchmarks) returns the previous backend."""
     set_backend = cudalab._core._set_matmul_backend
@@ -141,3 +175,20 @@ def test_private_backend_switch_round_trip():
         set_backend("float32", "cutlass")
     with pytest.raises(TypeError, match=arg_error("_set_matmul_backend", "dtype")):
         set_backend("int32", "lt")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_private_backend_switch_takes_float_dtypes_only(dtype):
+    set_backend = cudalab._core._set_matmul_backend
+    if not is_float(dtype):
+        with pytest.raises(TypeError) as info:
+            set_backend(dtype, "lt")
+        assert str(info.value) == (
+            f"_set_matmul_backend() argument 'dtype': unsupported dtype {dtype.name}"
+        )
+        return
+    before = set_backend(dtype, "cublas")
+    try:
+        assert set_backend(dtype, "lt") == "cublas"
+    finally:
+        set_backend(dtype, before)

@@ -304,6 +304,20 @@ def test_batched_transposed_views_are_not_copied(rng, warm, dtype):
     check(out, c, hb, dtype)
 
 
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=["float64", "float32", "bfloat16"])
+def test_reversed_batch_views(rng, dtype):
+    """Negative batch strides reach cuBLAS as they are (one strided call), and
+    a reversed axis beside a plain one loops."""
+    a = rand(rng, (5, 13, 12), dtype)
+    b = rand(rng, (5, 12, 7), dtype)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    check(cudalab.matmul(da[::-1], db), a[::-1], b, dtype)
+    check(cudalab.matmul(da[::-2], db[1::2]), a[::-2], b[1::2], dtype)
+    c = rand(rng, (3, 4, 13, 12), dtype)
+    dc = cudalab.asarray(c)
+    check(cudalab.matmul(dc[:, ::-1], db[:4]), c[:, ::-1], b[:4], dtype)
+
+
 def test_batch_of_views_with_gaps(rng):
     """A batch slice with a step keeps one constant batch stride."""
     a = rand(rng, (10, 9, 12), F32)
@@ -380,19 +394,51 @@ def test_out_overlapping_an_operand(rng):
     check(db2, a, b, F32)
 
 
+def test_out_overlapping_a_reversed_batch(rng):
+    """A reversed (negative-stride) batch view starts at its highest address:
+    its bytes still overlap out=, so the product goes through a temporary and
+    every batch reads the original values."""
+    buf = rand(rng, (4, 16, 16), F32)
+    b = rand(rng, (16, 16), F32)
+    dbuf, db = cudalab.asarray(buf), cudalab.asarray(b)
+    a_view, a_host = dbuf[2::-1], buf[2::-1]  # batches 2, 1, 0
+    got = cudalab.matmul(a_view, db, out=dbuf[1:])  # writes batches 1, 2, 3
+    check(got, a_host, b, F32)
+    np.testing.assert_array_equal(dbuf[0].get(), buf[0])
+    # The same with the reversed view as the second operand.
+    dbuf = cudalab.asarray(buf)
+    a = rand(rng, (16, 16), F32)
+    got = cudalab.matmul(cudalab.asarray(a), dbuf[2::-1], out=dbuf[1:])
+    check(got, a, buf[2::-1], F32)
+
+
 def test_out_errors(rng):
     da = cudalab.asarray(rand(rng, (5, 4), F32))
     db = cudalab.asarray(rand(rng, (4, 3), F32))
-    with pytest.raises(ValueError, match=arg_error("out") + r".*shape"):
+    with pytest.raises(ValueError) as info:
         cudalab.matmul(da, db, out=cudalab.empty((3, 5), dtype=np.float32))
-    with pytest.raises(ValueError, match=arg_error("out")):
+    assert str(info.value) == (
+        "matmul() argument 'out': has shape (3, 5) but the result has shape (5, 3)"
+    )
+    with pytest.raises(ValueError, match=arg_error("out") + r".*shape"):
         cudalab.matmul(da, db, out=cudalab.empty((1, 5, 3), dtype=np.float32))
-    with pytest.raises(TypeError, match=arg_error("out") + r".*dtype"):
+    with pytest.raises(TypeError) as info:
         cudalab.matmul(da, db, out=cudalab.empty((5, 3), dtype=np.float64))
-    with pytest.raises(ValueError, match=arg_error("out") + r".*C-contiguous"):
+    assert str(info.value) == (
+        "matmul() argument 'out': has dtype float64 but the result has dtype float32"
+    )
+    with pytest.raises(ValueError) as info:
         cudalab.matmul(da, db, out=cudalab.empty((3, 5), dtype=np.float32).T)
-    with pytest.raises(TypeError, match=arg_error("out")):
+    assert str(info.value) == "matmul() argument 'out': must be C-contiguous"
+    with pytest.raises(TypeError) as info:
         cudalab.matmul(da, db, out=np.empty((5, 3), dtype=np.float32))
+    assert str(info.value) == (
+        "matmul() argument 'out': expected a cudalab.DeviceArray or None, got numpy.ndarray "
+        "(copy host data to the device with cudalab.asarray())"
+    )
+    # Shape before dtype: the first thing wrong with out= is reported.
+    with pytest.raises(ValueError, match=arg_error("out") + r".*shape"):
+        cudalab.matmul(da, db, out=cudalab.empty((3, 5), dtype=np.float64))
 
 
 # ------------------------------------------------------------ the operator ----
@@ -435,8 +481,12 @@ def test_argument_errors(rng):
         cudalab.matmul(i32, f32b)
     with pytest.raises(TypeError, match=arg_error("b") + r".*bool"):
         cudalab.matmul(f32, boo)
-    with pytest.raises(TypeError, match=arg_error("b")):
+    with pytest.raises(TypeError) as info:
         cudalab.matmul(f32, np.ones((5, 3), dtype=np.float32))
+    assert str(info.value) == (
+        "matmul() argument 'b': expected a cudalab.DeviceArray, got numpy.ndarray "
+        "(copy host data to the device with cudalab.asarray())"
+    )
     with pytest.raises(ValueError, match=arg_error("b") + r".*contracted"):
         cudalab.matmul(f32, f32)
     with pytest.raises(ValueError, match=arg_error("b") + r".*broadcast"):
@@ -450,6 +500,61 @@ def test_argument_errors(rng):
         cudalab.matmul(f32, scalar)
     with pytest.raises(ValueError, match=arg_error("precision")):
         cudalab.matmul(f32, f32b, precision="medium")
+
+
+# ------------------------------------------------- profiler, CUDA graphs ----
+
+
+@pytest.mark.parametrize(
+    "sa,sb",
+    [((3, 1, 37, 20), (4, 20, 9)), ((20,), (5, 20, 9)), ((37, 20), (20,))],
+    ids=["broadcast", "vector_a", "vector_b"],
+)
+def test_profiler_record(rng, sa, sb):
+    """FLOPs 2 M N K per matrix product; bytes: a, b and the result once each."""
+    from cudalab.profiler import profile
+
+    a, b = rand(rng, sa, BF16), rand(rng, sb, BF16)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    cudalab.matmul(da, db)  # warm-up: handle and plan
+    with profile() as prof:
+        out = cudalab.matmul(da, db)
+    (e,) = [e for e in prof.events() if e.kind == "op"]
+    m = sa[-2] if len(sa) > 1 else 1
+    k = sa[-1]
+    n = sb[-1] if len(sb) > 1 else 1
+    batch = int(np.prod(out.shape)) // (m * n)
+    assert e.name == "matmul" and e.dtype == "bfloat16"
+    assert e.flops == 2 * m * n * k * batch
+    assert e.bytes == da.nbytes + db.nbytes + out.nbytes
+    assert e.input_shapes == (sa, sb) and e.output_shape == out.shape
+    check(out, a, b, BF16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_captured_in_a_cuda_graph(rng, warm, dtype):
+    """After a warm-up, matmuls (cuBLASLt or cuBLAS; a looped batch and a
+    transposed view) capture into a CUDA graph and replay on new values."""
+    a, b = rand(rng, (3, 1, 37, 20), dtype), rand(rng, (2, 20, 9), dtype)
+    a_t = rand(rng, (20, 37), dtype)  # used as a_t.T
+    da, db, dat = cudalab.asarray(a), cudalab.asarray(b), cudalab.asarray(a_t)
+    cudalab.matmul(da, db), cudalab.matmul(dat.T, db)  # warm-up: plans
+    cudalab.synchronize()
+    g = cudalab.CUDAGraph()
+    with cudalab.graph(g):
+        y1 = cudalab.matmul(da, db)  # (3, 2) batch, no one stride: 3 calls
+        y2 = cudalab.matmul(dat.T, db)
+    g.replay()
+    check(y1, a, b, dtype)
+    check(y2, a_t.T, b, dtype)
+    # New operand values in place; the replay reads them.
+    da += cudalab.asarray(rand(rng, a.shape, dtype))
+    db += cudalab.asarray(rand(rng, b.shape, dtype))
+    dat += cudalab.asarray(rand(rng, a_t.shape, dtype))
+    a2, b2, a_t2 = da.get(), db.get(), dat.get()
+    g.replay()
+    check(y1, a2, b2, dtype)
+    check(y2, a_t2.T, b2, dtype)
 
 
 # --------------------------------------------------------------- handles ----

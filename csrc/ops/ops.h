@@ -5,7 +5,7 @@
  *   reduce.c       sum, mean, max, min, argmax
  *   transpose.c    the teaching versions of the 2-D transpose
  *   random.c       the device RNG (Philox)
- *   matmul.c       cuBLAS / cuBLASLt GEMMs
+ *   matmul.c       cuBLAS / cuBLASLt GEMMs (matmul_plan.c: handles, plan cache)
  */
 #ifndef CUDALAB_OPS_OPS_H
 #define CUDALAB_OPS_OPS_H

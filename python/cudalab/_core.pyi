@@ -139,7 +139,7 @@ def get_per_process_memory_fraction(device: int | None = None) -> float: ...
 def mem_get_info(device: int | None = None) -> tuple[int, int]: ...  # (free, total)
 def memory_stats(device: int | None = None) -> dict[str, int | float]: ...
 
-# ---- matmul (cuBLASLt / cuBLAS; csrc/ops/matmul.c) -------------------------------
+# ---- matmul (cuBLASLt / cuBLAS; csrc/ops/matmul.c, matmul_plan.c) ----------------
 
 def matmul(
     a: DeviceArray,
@@ -149,6 +149,7 @@ def matmul(
 ) -> DeviceArray: ...
 def set_float32_matmul_precision(precision: str) -> None: ...  # "highest" | "high"
 def get_float32_matmul_precision() -> str: ...  # "highest" (default) | "high" (TF32)
+def _set_matmul_backend(dtype: _DTypeLike, backend: str) -> str: ...  # "lt" | "cublas"; the previous
 
 # ---- transpose and device random numbers (csrc/ops/transpose.c, random.c) ----
 
