@@ -10,8 +10,8 @@ Importable from any test module (pytest puts this folder on sys.path). Blocks:
   and ``device_and_host`` (the same values as a device view and a host view),
   ``view_recipes`` (a hypothesis strategy of random views);
 * comparisons: ``tolerance(dtype)``, ``rel_err``, ``assert_close``,
-  ``assert_bit_equal``; float64 references (``widen``, ``erf``,
-  ``gelu_reference``);
+  ``assert_bit_equal``; references (``widen``, ``erf``, ``gelu_reference``,
+  ``philox4x32_10`` with ``PHILOX_KAT``);
 * argument errors: ``arg_error`` (regex) and ``assert_arg_error`` (context
   manager) for the ``"<func>() argument '<param>': ..."`` messages;
 * skips: ``HAS_GPU``, ``no_gpu_only``, ``torch_cuda`` / ``cupy_device`` /
@@ -128,8 +128,10 @@ def random_array(rng: np.random.Generator, shape, dtype, *, low=None, high=None,
         Any dtype of ``DTYPES`` (bfloat16 through ``BF16`` or ``"bfloat16"``).
     low, high : number, optional
         Half-open range ``[low, high)``. Integers: each defaults to the dtype's
-        limit clipped to +-``INT_LIMIT``. Floats: without both, standard
-        normal values; with both, uniform in the range. bool ignores them.
+        limit clipped to +-``INT_LIMIT``. Floats: with both, uniform in the
+        range; with one, standard normal values folded to its side
+        (``low + |N|`` or ``high - |N|``, e.g. ``low=1`` for log and sqrt);
+        with neither, standard normal. bool ignores them.
     nonzero : bool
         No element is 0 (a kernel that writes nothing, or writes zeros, must
         not pass): integer zeros become 1 (or -1), floats nearer to zero than
@@ -144,8 +146,8 @@ def random_array(rng: np.random.Generator, shape, dtype, *, low=None, high=None,
     Raises
     ------
     ValueError
-        A float range given by one bound only, an empty range, or a range in
-        which `nonzero` cannot hold (only zero, or zero after rounding).
+        An empty range, or one in which `nonzero` cannot hold (only zero, or
+        zero after rounding).
     """
     dtype = np.dtype(dtype)
     if dtype == BOOL:
@@ -183,13 +185,19 @@ def _random_ints(rng, shape, dtype, low, high, nonzero) -> np.ndarray:
 
 
 def _random_floats(rng, shape, low, high, nonzero) -> np.ndarray:
-    if (low is None) != (high is None):
-        raise ValueError("random_array: give both low and high for floats, or neither")
-    if low is None:
+    if low is None or high is None:
         values = rng.standard_normal(size=shape)
+        if low is not None:
+            values = float(low) + np.abs(values)
+        elif high is not None:
+            values = float(high) - np.abs(values)
         if nonzero:
+            # +-0.5 stays on the values' side of zero (>= low, <= high) when they reach it.
             near = np.abs(values) < _NEAR_ZERO
-            values[near] = np.copysign(0.5, values[near])
+            if low is None and high is None:
+                values[near] = np.copysign(0.5, values[near])
+            else:
+                values[near] = 0.5 if low is not None else -0.5
         return values
     low, high = float(low), float(high)
     if not low < high:
@@ -522,7 +530,7 @@ def assert_bit_equal(got, expected) -> None:
     assert got.tobytes(order="C") == expected.tobytes(order="C")
 
 
-# ===================================================== float64 references ===
+# ===================================================== references ===========
 
 
 def erf(x) -> np.ndarray:
@@ -542,6 +550,50 @@ def gelu_reference(x, approximate: str = "none") -> np.ndarray:
     if approximate != "none":
         raise ValueError(f"gelu_reference: approximate={approximate!r}")
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def philox4x32_10(counter, key) -> tuple:
+    """philox4x32_10(counter, key) -> tuple of 4 ints
+
+    Philox4x32-10 (Salmon et al., SC'11) in pure Python, written from the
+    definition: the reference for cudalab.random's device generator.
+    `counter` is 4 and `key` 2 unsigned 32-bit words.
+    """
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for rnd in range(10):
+        if rnd:
+            k0 = (k0 + 0x9E3779B9) & _MASK32
+            k1 = (k1 + 0xBB67AE85) & _MASK32
+        p0 = 0xD2511F53 * c0
+        p1 = 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (
+            ((p1 >> 32) ^ c1 ^ k0) & _MASK32,
+            p1 & _MASK32,
+            ((p0 >> 32) ^ c3 ^ k1) & _MASK32,
+            p0 & _MASK32,
+        )
+    return (c0, c1, c2, c3)
+
+
+# The published known-answer vectors (Random123's kat_vectors for philox4x32_10):
+# (counter, key, expected output).
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    (
+        (_MASK32, _MASK32, _MASK32, _MASK32),
+        (_MASK32, _MASK32),
+        (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+    ),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
 
 
 # ===================================================== argument errors ======

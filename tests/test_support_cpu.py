@@ -90,6 +90,18 @@ def test_random_array_bounds(rng):
     assert set(S.random_array(rng, 1000, np.int8, low=-1, high=1).tolist()) == {-1}
 
 
+def test_random_array_one_float_bound_folds_a_normal(rng):
+    up = S.random_array(rng, 10_000, np.float32, low=1)
+    assert up.min() >= 1 and 1.7 < up.mean() < 1.9  # 1 + E|N| = 1.798
+    down = S.random_array(rng, 10_000, np.float64, high=-2.0)
+    assert down.max() <= -2.0
+    for low in (-1.0, -1e-4, 0.0, 1e-4):  # folds reaching zero are moved off it, inside
+        x = S.random_array(rng, 10_000, np.float64, low=low)
+        assert x.min() >= low and np.abs(x).min() >= 1e-3
+    x = S.random_array(rng, 10_000, S.BF16, high=0.0)
+    assert x.astype(np.float64).max() <= -1e-3
+
+
 def test_random_array_nonzero_false_allows_zeros(rng):
     x = S.random_array(rng, 1000, np.uint8, low=0, high=2, nonzero=False)
     assert set(np.unique(x)) == {0, 1}
@@ -108,8 +120,6 @@ def test_random_array_bool_never_all_false():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(dtype=np.float32, low=1.0), "both low and high"),
-        (dict(dtype=np.float32, high=1.0), "both low and high"),
         (dict(dtype=np.float32, low=1.0, high=1.0), "empty"),
         (dict(dtype=np.int8, low=0, high=200), "outside int8"),
         (dict(dtype=np.uint8, low=-1, high=3), "outside uint8"),
@@ -305,6 +315,11 @@ def test_widen_and_to_host():
     x = np.ones(3)
     assert S.to_host(x) is x
     assert S.to_host([1, 2]).tolist() == [1, 2]
+
+
+def test_philox_reference_matches_published_vectors():
+    for counter, key, expected in S.PHILOX_KAT:
+        assert S.philox4x32_10(counter, key) == expected
 
 
 def test_float64_references():
