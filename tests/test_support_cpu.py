@@ -277,6 +277,8 @@ def test_assert_close_floats():
     with pytest.raises(AssertionError):
         S.assert_close(want[:100], want)  # wrong shape
     S.assert_close(want * (1 + 1e-4), want, tol=1e-3)
+    with pytest.raises(TypeError, match="tol="):
+        S.assert_close(want, want, 1e-5)  # a tolerance where the dtype goes
 
 
 def test_assert_close_nan_and_inf():
@@ -403,59 +405,56 @@ def _fake_module(monkeypatch, name, **attrs):
     return module
 
 
-@pytest.mark.parametrize("available", [True, False])
-def test_torch_cuda(monkeypatch, available):
-    torch = _fake_module(monkeypatch, "torch",
-                         cuda=types.SimpleNamespace(is_available=lambda: available))
-    if available:
-        assert S.torch_cuda() is torch
-    else:
-        with pytest.raises(pytest.skip.Exception, match="torch without CUDA"):
-            S.torch_cuda()
-
-
-@pytest.mark.parametrize("available", [True, False])
-def test_numba_cuda(monkeypatch, available):
-    cuda = _fake_module(monkeypatch, "numba.cuda", is_available=lambda: available)
-    _fake_module(monkeypatch, "numba", cuda=cuda)
-    if available:
-        assert S.numba_cuda() is cuda
-    else:
-        with pytest.raises(pytest.skip.Exception, match="sees no GPU"):
-            S.numba_cuda()
-
-
-@pytest.mark.parametrize("available", [True, False])
-def test_cupy_device(monkeypatch, available):
-    def count():
+def _fails_without(available, result):
+    """A fake probe: returns `result`, or raises as a library does without a GPU."""
+    def probe(*args):
         if not available:
             raise RuntimeError("no CUDA-capable device is detected")
-        return 1
-
-    cupy = _fake_module(monkeypatch, "cupy", cuda=types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDeviceCount=count)))
-    if available:
-        assert S.cupy_device() is cupy
-    else:
-        with pytest.raises(pytest.skip.Exception, match="usable device"):
-            S.cupy_device()
+        return result
+    return probe
 
 
+def _fake_torch(mp, ok):
+    return _fake_module(mp, "torch", cuda=types.SimpleNamespace(is_available=lambda: ok))
+
+
+def _fake_numba(mp, ok):
+    cuda = _fake_module(mp, "numba.cuda", is_available=lambda: ok)
+    _fake_module(mp, "numba", cuda=cuda)
+    return cuda
+
+
+def _fake_cupy(mp, ok):
+    runtime = types.SimpleNamespace(getDeviceCount=_fails_without(ok, 1))
+    return _fake_module(mp, "cupy", cuda=types.SimpleNamespace(runtime=runtime))
+
+
+def _fake_jax(mp, ok):
+    return _fake_module(mp, "jax", devices=_fails_without(ok, ["gpu0"])), ["gpu0"]
+
+
+# helper -> (install a fake library, the skip message without a GPU)
+LIBRARIES = {
+    S.torch_cuda: (_fake_torch, "torch without CUDA"),
+    S.numba_cuda: (_fake_numba, "sees no GPU"),
+    S.cupy_device: (_fake_cupy, "usable device"),
+    S.jax_gpus: (_fake_jax, "no GPU backend"),
+}
+
+
+@pytest.mark.parametrize("helper", LIBRARIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("available", [True, False])
-def test_jax_gpus(monkeypatch, available):
-    def devices(kind):
-        if not available:
-            raise RuntimeError("Unknown backend gpu")
-        return ["gpu0"]
-
+def test_library_helpers_return_or_skip(monkeypatch, helper, available):
+    install, message = LIBRARIES[helper]
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
-    jax = _fake_module(monkeypatch, "jax", devices=devices)
+    expected = install(monkeypatch, available)
     if available:
-        assert S.jax_gpus() == (jax, ["gpu0"])
+        assert helper() == expected
     else:
-        with pytest.raises(pytest.skip.Exception, match="no GPU backend"):
-            S.jax_gpus()
-    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+        with pytest.raises(pytest.skip.Exception, match=message):
+            helper()
+    if helper is S.jax_gpus:
+        assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
 
 
 def test_missing_library_skips(monkeypatch):
