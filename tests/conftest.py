@@ -8,6 +8,12 @@
 * ``rng``: a NumPy Generator seeded from the test's node id, so a failing test
   sees the same data on every run.
 * ``memory_baseline``: a clean device pool for memory tests.
+* ``restore_precision``: the float32 matmul precision is put back afterwards.
+* ``no_profile_left_running``: no profile keeps recording after the test
+  (modules use it with ``pytest.mark.usefixtures``).
+
+Helpers that are not fixtures (random arrays, strided views, tolerances,
+argument-error assertions, skips) live in ``_support.py``.
 """
 
 from __future__ import annotations
@@ -61,3 +67,21 @@ def memory_baseline():
         cudalab.set_per_process_memory_fraction(1.0)
         gc.collect()
         cudalab.synchronize()
+
+
+@pytest.fixture
+def restore_precision():
+    """Put the float32 matmul precision back after the test, even if it failed."""
+    saved = cudalab.get_float32_matmul_precision()
+    try:
+        yield
+    finally:
+        cudalab.set_float32_matmul_precision(saved)
+
+
+@pytest.fixture
+def no_profile_left_running():
+    """A failing test must not leave a profile recording for the next one."""
+    yield
+    if cudalab._core._profiler_is_enabled():
+        cudalab._core._profiler_disable()
