@@ -150,3 +150,14 @@ def test_format_rows_with_and_without_optional_keys(benchlib):
     assert len(lines) == 3
     assert "100.0 copy" in lines[1] and "1.020" in lines[1]
     assert lines[2].endswith(" !")
+
+
+@pytest.mark.parametrize("path", sorted((BENCH_DIR / "results").glob("*.json")), ids=lambda p: p.name)
+def test_committed_results_read_back(path):
+    from cudalab.bench import RESULTS_SCHEMA, read_results
+
+    if json.loads(path.read_text()).get("schema") != RESULTS_SCHEMA:
+        pytest.skip(f"{path.name} predates {RESULTS_SCHEMA}; regenerate it on a GPU")
+    results = read_results(path)
+    assert results.kind and results.machine["devices"]
+    assert all(m.device == results.machine["devices"][0]["name"] for m in results.measurements)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -208,3 +209,77 @@ def test_ceilings_command(tmp_path):
     assert [r.get("name") for r in back.rows] == ["copy", "launch"]
     assert [r.get("unit") for r in back.rows] == ["B/s", "s"]
     assert back.rows[0].get("value") == pytest.approx(back.rows[0].measurement.gbps * 1e9)
+
+
+# ---- the commands' output, with synthetic measurements (no GPU needed) ----------------------
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """cli_bench with device 0 'present' and measure_cases giving synthetic Measurements."""
+    import types
+
+    from cudalab import cli_bench
+    from cudalab.bench import Measurement
+
+    props = types.SimpleNamespace(name="Fake GPU", peak_flops={"float16": 1e15, "tfloat32": 5e14},
+                                  peak_memory_bandwidth=4e12)
+    monkeypatch.setattr(cli_bench, "_check_device", lambda args, command: 0)
+    monkeypatch.setattr(cli_bench, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(cli_bench, "device_context", lambda index: contextlib.nullcontext())
+
+    def measure_cases(cases, args):
+        out = []
+        for case in cases:
+            for impl, scale in (("cudalab", 1.0), ("torch", 1.25)):
+                work = {"flops": case.flops} if hasattr(case, "flops") else {"bytes": 2.0 * case.nbytes}
+                out.append(Measurement(label=case.label, sub_label=case.sub_label, description=impl,
+                                       times=(1e-3 * scale,) * 5, device="Fake GPU",
+                                       settings={"name": args.preset}, **work))
+        return out
+
+    monkeypatch.setattr(cli_bench, "_measure_cases", measure_cases)
+    return props
+
+
+def test_bench_matmul_table_and_json(fake_device, tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert cli.main(["bench", "matmul", "--matrix-size", "64", "--dtype", "float16,tf32",
+                     "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "matmul 64 x 64 x 64 on Fake GPU (device 0)" in text
+    lines = {line.split()[0]: line.split() for line in text.splitlines() if line.split()}
+    assert lines["float16"][-1] == "1.25" and lines["tf32"][-1] == "1.25"  # x torch
+    back = read_results(out)
+    assert back.kind == "bench matmul" and back.data["command"].startswith("cudalab ")
+    assert [(m.sub_label, m.description) for m in back.measurements] == [
+        ("float16", "cudalab"), ("float16", "torch"), ("tf32", "cudalab"), ("tf32", "torch")]
+    assert back.measurements[0].settings == {"name": "sustained"}
+
+
+def test_bench_copy_and_transfer_tables(fake_device, tmp_path, capsys):
+    assert cli.main(["bench", "copy", "--size-mb", "64", "--preset", "quick"]) == 0
+    text = capsys.readouterr().out
+    assert "device-to-device copy of 64 MiB" in text and "cudalab" in text and "torch" in text
+    out = tmp_path / "t.json"
+    assert cli.main(["bench", "transfer", "--size-mb", "16", "--pageable", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for row in ("h2d pinned", "d2h pinned", "h2d pageable", "d2h pageable"):
+        assert row in text
+    assert {m.label for m in read_results(out).measurements} == {"h2d", "d2h"}
+
+
+def test_ceilings_json_rows(monkeypatch, tmp_path, capsys):
+    from cudalab import cli_bench
+    from cudalab.bench import Ceiling, Ceilings, Measurement
+
+    m = Measurement(label="ceiling", sub_label="copy", times=(1e-3,) * 5, bytes=2e9, device="Fake GPU")
+    result = Ceilings("Fake GPU", 0, {"copy": Ceiling("copy", 2e12, "B/s", 4e12, m)})
+    monkeypatch.setattr(cli_bench, "_check_device", lambda args, command: 0)
+    monkeypatch.setattr(cli_bench, "ceilings", lambda device, names, progress: result)
+    out = tmp_path / "c.json"
+    assert cli.main(["ceilings", "--only", "copy", "--json", str(out)]) == 0
+    assert "2000 GB/s" in capsys.readouterr().out
+    [row] = read_results(out).rows
+    assert (row.get("name"), row.get("value"), row.get("percent_of_theoretical")) == ("copy", 2e12, 50.0)
+    assert row.measurement == m

@@ -254,6 +254,17 @@ class ChoiceList(argparse.Action):
         setattr(namespace, self.dest, chosen)
 
 
+def _several(option: str, first: str, second: str) -> str:
+    """The help sentence of a ChoiceList option: the three forms it accepts."""
+    return (f"Several as '{option} {first} {second}', '{option} {first},{second}' or a "
+            f"repeated {option}")
+
+
+def _size_option(parser: argparse.ArgumentParser, what: str, default: int) -> None:
+    parser.add_argument("--size-mb", type=_positive_int, default=default, metavar="MIB",
+                        help=f"{what} size in MiB (default {default})")
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--device", type=int, default=None, help="device index (default: current)")
@@ -297,9 +308,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     matmul.add_argument("--matrix-size", type=_positive_int, default=8192, metavar="N",
                         help="n (default 8192)")
     matmul.add_argument("--dtype", action=ChoiceList, choices=MATMUL_DTYPES, metavar="DTYPE",
-                        help=f"dtypes to run: {', '.join(MATMUL_DTYPES)} (default: all). Several "
-                             "as '--dtype float16 bfloat16', '--dtype float16,bfloat16' or a "
-                             "repeated --dtype. tf32 is float32 storage with TF32 tensor-core math")
+                        help=f"dtypes to run: {', '.join(MATMUL_DTYPES)} (default: all). "
+                             f"{_several('--dtype', 'float16', 'bfloat16')}. tf32 is float32 "
+                             "storage with TF32 tensor-core math")
     matmul.add_argument("--flush-l2", action="store_true",
                         help="flush the L2 cache before every call (one cold call per repeat)")
     matmul.set_defaults(func=_cmd_matmul)
@@ -308,16 +319,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "copy", parents=[common, timing], help="device-to-device copy bandwidth",
         description="Copy a contiguous device buffer (DeviceArray.copy; torch's clone); GB/s "
                     "counts bytes read + written.")
-    copy.add_argument("--size-mb", type=_positive_int, default=1024, metavar="MIB",
-                      help="buffer size in MiB (default 1024)")
+    _size_option(copy, "buffer", 1024)
     copy.set_defaults(func=_cmd_copy)
 
     transfer = kinds.add_parser(
         "transfer", parents=[common, timing], help="host <-> device bandwidth, pinned (and pageable)",
         description="Copy between host and device memory in both directions: pinned memory "
                     "with non_blocking copies, and with --pageable also ordinary NumPy memory.")
-    transfer.add_argument("--size-mb", type=_positive_int, default=256, metavar="MIB",
-                          help="transfer size in MiB (default 256)")
+    _size_option(transfer, "transfer", 256)
     transfer.add_argument("--pageable", action="store_true", help="also time pageable memory")
     transfer.set_defaults(func=_cmd_transfer)
 
@@ -329,6 +338,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "peaks.")
     ceiling_parser.add_argument(
         "--only", action=ChoiceList, choices=CEILING_NAMES, metavar="NAME",
-        help=f"measure only these: {', '.join(CEILING_NAMES)}. Several as '--only copy launch', "
-             "'--only copy,launch' or a repeated --only")
+        help=f"measure only these: {', '.join(CEILING_NAMES)}. {_several('--only', 'copy', 'launch')}")
     ceiling_parser.set_defaults(func=_cmd_ceilings)

@@ -124,12 +124,28 @@ class Prepared:
 
 
 class Case:
-    """What every case has: a name, default names for its Measurement, and a ceiling."""
+    """What every case has: a name, default names for its Measurement, and a ceiling.
+
+    Attributes
+    ----------
+    name : str
+        ``"copy"``, ``"matmul_float16"``, ``"h2d_pinned"``, ``"launch"``, ...
+    label, sub_label : str or None
+        The Measurement's names unless the caller gives others.
+    ceiling : str or None
+        The measured ceiling (`cudalab.bench.CEILING_NAMES`) it compares with.
+    """
 
     name: str
     label: str
     sub_label: str | None
     ceiling: str | None
+
+    def _name(self, name: str, label: str, sub_label: str | None, ceiling: str | None) -> None:
+        # Derived from the fields once; set past the frozen dataclass's guard.
+        for attr, value in (("name", name), ("label", label), ("sub_label", sub_label),
+                            ("ceiling", ceiling)):
+            object.__setattr__(self, attr, value)
 
     def prepare(self) -> Prepared:  # pragma: no cover - every case defines it
         raise NotImplementedError
@@ -147,19 +163,12 @@ class CopyCase(Case):
 
     def __post_init__(self) -> None:
         _check_size("CopyCase", "nbytes", self.nbytes, 4)
+        self._name("copy", "copy", _size_label(self.nbytes), "copy")
 
     @classmethod
     def sized_for(cls, free_bytes: int, nbytes: int = GIB) -> CopyCase:
         """`nbytes`, or a quarter of `free_bytes` when that is less (64 KiB multiples)."""
         return cls(max(64 << 10, min(nbytes, (free_bytes // 4) & ~0xFFFF)))
-
-    name = "copy"
-    label = "copy"
-    ceiling = "copy"
-
-    @property
-    def sub_label(self) -> str:
-        return _size_label(self.nbytes)
 
     def prepare(self) -> Prepared:
         src = _core.full(self.nbytes // 4, 1.5, dtype="float32")
@@ -181,25 +190,12 @@ class MatmulCase(Case):
     def __post_init__(self) -> None:
         _check_choice("MatmulCase", "dtype", self.dtype, MATMUL_DTYPES)
         _check_size("MatmulCase", "n", self.n)
+        self._name(f"matmul_{self.dtype}", "matmul", self.dtype, f"matmul_{self.dtype}")
 
     @classmethod
     def sized_for(cls, dtype: str, free_bytes: int) -> MatmulCase:
         """n = 8192, or 4096 when three float64 8192^2 operands would not fit twice."""
         return cls(dtype, 8192 if free_bytes > 3 * 8192 * 8192 * 8 * 2 else 4096)
-
-    label = "matmul"
-
-    @property
-    def name(self) -> str:
-        return f"matmul_{self.dtype}"
-
-    @property
-    def sub_label(self) -> str:
-        return self.dtype
-
-    @property
-    def ceiling(self) -> str:
-        return self.name
 
     @property
     def storage(self) -> str:
@@ -267,24 +263,8 @@ class TransferCase(Case):
     def __post_init__(self) -> None:
         _check_choice("TransferCase", "direction", self.direction, TRANSFER_DIRECTIONS)
         _check_choice("TransferCase", "memory", self.memory, HOST_MEMORIES)
-        _check_size("TransferCase", "nbytes", self.nbytes, 4)
-
-    @property
-    def name(self) -> str:
-        return f"{self.direction}_{self.memory}"
-
-    @property
-    def label(self) -> str:
-        return self.direction
-
-    @property
-    def sub_label(self) -> str:
-        return self.memory
-
-    @property
-    def ceiling(self) -> str:
-        """The pinned transfer in the same direction."""
-        return self.direction
+        # Compared with the pinned transfer in the same direction.
+        self._name(f"{self.direction}_{self.memory}", self.direction, self.memory, self.direction)
 
     def prepare(self) -> Prepared:
         import numpy as np
@@ -331,11 +311,7 @@ class LaunchCase(Case):
     def __post_init__(self) -> None:
         _check_size("LaunchCase", "launches", self.launches)
         _check_size("LaunchCase", "repeats", self.repeats)
-
-    name = "launch"
-    label = "launch"
-    sub_label = None
-    ceiling = None
+        self._name("launch", "launch", None, None)
 
     def prepare(self) -> Prepared:
         launches = self.launches
