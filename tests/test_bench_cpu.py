@@ -260,6 +260,18 @@ def test_readme_preset_table_matches_the_presets():
         assert (warmup, min_run, max_run) == (p.warmup, p.min_run_time, p.max_run_time), name
 
 
+def test_presets_docstring_table_matches_the_presets():
+    from cudalab.bench import presets
+
+    lines = {line.split()[0]: line.split() for line in presets.__doc__.splitlines()
+             if line.split() and line.split()[0] in PRESETS}
+    for name, p in PRESETS.items():
+        words = lines[name]
+        assert (float(words[1]), float(words[3]), float(words[5])) == (
+            p.warmup, p.min_run_time, p.max_run_time), name
+        assert words[7] == f"{p.min_repeats}+"
+
+
 def test_measure_takes_a_preset_and_the_documented_options():
     keyword_only = [n for n, p in inspect.signature(cudalab.bench.measure).parameters.items()
                     if p.kind is inspect.Parameter.KEYWORD_ONLY]
