@@ -9,11 +9,12 @@
   ``x.add_(y)``), ending with one synchronize, i.e. the per-call cost of the
   Python -> C -> launch path once the GPU work is negligible.
 
-GPU times come from `cudalab.bench.measure` with the same settings for both
-libraries (benchlib.measure_settings), each cudalab case right before its
-torch twin; "% ceiling" is against the measured device-to-device copy
+GPU times come from `cudalab.bench.measure` with the same preset for both
+libraries (benchlib.preset), each cudalab case right before its torch twin;
+"% ceiling" is against the measured device-to-device copy
 (`cudalab.bench.ceiling("copy")`, bytes read + written). The dispatch rows
-use the host clock (benchlib.host_clock), cudalab and torch interleaved.
+use the host clock (`cudalab.bench.host_clock`), cudalab and torch
+interleaved.
 ``run(quick)`` returns one dict per (op, impl); torch is optional (its rows
 are skipped without it), a GPU is not.
 """
@@ -25,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (host_clock, host_measurement, main, measure_settings,  # noqa: E402
-                      require_gpu, row, torch_cuda)
+from benchlib import main, preset, require_gpu, row, torch_cuda  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -34,7 +34,7 @@ DISPATCH_N = 1024
 DISPATCH_TIMER = "host clock around the calls + one synchronize"
 
 
-def _bandwidth(cl, torch, settings: dict[str, Any], nbytes: int) -> list[dict[str, Any]]:
+def _bandwidth(cl, torch, p: Any, nbytes: int) -> list[dict[str, Any]]:
     """add and scale_inplace over float32 arrays of `nbytes` each."""
     from cudalab.bench import measure
 
@@ -51,27 +51,29 @@ def _bandwidth(cl, torch, settings: dict[str, Any], nbytes: int) -> list[dict[st
 
     # ---- add: 2 reads + 1 write ----
     m = measure(lambda: cl.add(x, y, out=z), bytes=3 * nbytes, ceiling="copy",
-                label="add", description="cudalab", **settings)
+                label="add", description="cudalab", preset=p)
     results.append(row(m, shape, "float32"))
     if torch is not None:
         m = measure(lambda: torch.add(tx, ty, out=tz), bytes=3 * nbytes, ceiling="copy",
-                    label="add", description="torch", **settings)
+                    label="add", description="torch", preset=p)
         results.append(row(m, shape, "float32"))
 
     # ---- scale in place: 1 read + 1 write ----
     # Repeated doubling reaches inf after 128 calls; the work is the same.
     m = measure(lambda: cl.mul(x, 2.0, out=x), bytes=2 * nbytes, ceiling="copy",
-                label="scale_inplace", description="cudalab", **settings)
+                label="scale_inplace", description="cudalab", preset=p)
     results.append(row(m, shape, "float32"))
     if torch is not None:
         m = measure(lambda: tx.mul_(2.0), bytes=2 * nbytes, ceiling="copy",
-                    label="scale_inplace", description="torch", **settings)
+                    label="scale_inplace", description="torch", preset=p)
         results.append(row(m, shape, "float32"))
     return results
 
 
 def _dispatch(cl, torch, warmup: float, calls: int, repeats: int) -> list[dict[str, Any]]:
     """Host time per in-place add of 1,024 values, cudalab and torch interleaved."""
+    from cudalab.bench import host_clock, host_measurement
+
     small = (DISPATCH_N,)
     a = cl.full(small, 1.0, dtype="float32")
     b = cl.full(small, 0.0, dtype="float32")
@@ -107,14 +109,14 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     import cudalab as cl
 
     torch = torch_cuda()
-    settings = measure_settings(quick)
-    results = _bandwidth(cl, torch, settings, (64 * MIB) if quick else GIB)
+    p = preset(quick)
+    results = _bandwidth(cl, torch, p, (64 * MIB) if quick else GIB)
     cl.synchronize()
     cl.empty_cache()
     if torch is not None:
         torch.cuda.empty_cache()
     calls, repeats = (2000, 5) if quick else (10_000, 7)
-    results += _dispatch(cl, torch, settings["warmup"], calls, repeats)
+    results += _dispatch(cl, torch, p.warmup, calls, repeats)
     return results
 
 

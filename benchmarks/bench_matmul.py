@@ -2,21 +2,22 @@
 
 For each of float64, float32 ("highest": true fp32), TF32 (float32 with
 precision "high"; torch.backends.cuda.matmul.allow_tf32 = True for torch's
-row), float16 and bfloat16: an n x n x n product (n = 8192, quick: 2048) on
-random normal data (never zeros: zero operands run faster on tensor cores),
-each implementation writing into a preallocated output so that only the GEMM
-is timed. Times come from `cudalab.bench.measure` with the same settings for
-every implementation (benchlib.measure_settings: a 0.25 s warm-up, so the
-power-capped clock has settled before timing starts, and repeats back to back
-so the GPU never idles and cools between them), one right after the other on
-the same operand values (a GEMM's power draw, and so its clock, depends on its
-data). TFLOP/s = 2 n^3 / median time.
+row), float16 and bfloat16: the shared case `cudalab.bench.MatmulCase`, an
+n x n x n product (n = 8192, quick: 2048) on random normal data generated on
+the device (never zeros: zero operands run faster on tensor cores), each
+implementation writing into a preallocated output so that only the GEMM is
+timed. torch runs on the very same operands (DLPack views), so both GEMMs see
+the same data (a GEMM's power draw, and so its clock, depends on it). Times
+come from `cudalab.bench.measure` with the same preset for every
+implementation (benchlib.preset: "sustained" warms up until the power-capped
+clock has settled, and repeats run back to back so the GPU never idles and
+cools between them), one right after the other. TFLOP/s = 2 n^3 / median time.
 
 Module API for the benchmark driver: run(quick: bool) -> list[dict]. Each dict:
-{"op": "matmul", "impl": "cudalab" | "torch", "shape": (m, n, k), "dtype": ...,
- "precision": "highest" | "high" | None, "median_ms", "iqr_ms", "tflops", "flops"}
-(plus the rest of benchlib.row's keys) and, on cudalab rows when torch ran,
-"vs_torch" (TFLOP/s ratio). With
+{"op": "matmul", "impl": "cudalab" | "torch", "variant": dtype, "shape": (m, n, k),
+ "dtype": ..., "precision": "highest" | "high" | None, "median_ms", "iqr_ms",
+ "tflops", "flops"} (plus the rest of benchlib.row's keys) and, on cudalab rows
+when torch ran, "vs_torch" (TFLOP/s ratio). With
 CUDALAB_BENCH_MATMUL_BACKENDS=1 each dtype also gets a "cudalab[lt]" or
 "cudalab[cublas]" row: the backend that is not the dtype's default (cuBLASLt
 for all but float64), to choose between them on a new GPU. torch is optional
@@ -26,96 +27,53 @@ table: python benchmarks/bench_matmul.py [--quick]
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-import warnings
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import main, measure_settings, require_gpu, row, torch_cuda  # noqa: E402
+from benchlib import main, preset, require_gpu, row, torch_cuda  # noqa: E402
 
-# (label, numpy dtype name, float32 precision or None)
-CASES = [
-    ("float64", "float64", None),
-    ("float32", "float32", "highest"),
-    ("tf32", "float32", "high"),
-    ("float16", "float16", None),
-    ("bfloat16", "bfloat16", None),
-]
 TARGET_RATIO = 0.97
 
 
-def _np_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
+def _other_backend(cudalab: Any, prepared: Any) -> tuple[str, Any]:
+    """The backend that is not the dtype's default, and the same GEMM through it."""
+    dtype = prepared.operands["a"].dtype
+    default = cudalab._core._set_matmul_backend(dtype, "lt")
+    cudalab._core._set_matmul_backend(dtype, default)
+    other = "cublas" if default == "lt" else "lt"
 
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    def through_other() -> None:
+        cudalab._core._set_matmul_backend(dtype, other)
+        try:
+            prepared.fn()
+        finally:
+            cudalab._core._set_matmul_backend(dtype, default)
+
+    return f"cudalab[{other}]", dataclasses.replace(prepared, fn=through_other)
 
 
-def _host_operand(rng, n, dtype):
-    # float32 normals are generated fast; the cast gives every dtype its values.
-    return rng.standard_normal(size=(n, n), dtype=np.float32).astype(dtype)
-
-
-def _torch_dtypes(torch) -> dict:
-    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-            "bfloat16": torch.bfloat16}
-
-
-def _case(cudalab, torch, settings: dict, rng, n: int, label: str, dtype_name: str,
-          precision: str | None) -> list[dict]:
+def _case(cudalab: Any, torch: Any, timer: Any, n: int, dtype: str) -> list[dict]:
     """Rows of one dtype: cudalab (and the other backend, and torch) one after the other."""
-    from cudalab.bench import measure
+    from cudalab.bench import MatmulCase
 
-    dtype = _np_dtype(dtype_name)
-    a_host = _host_operand(rng, n, dtype)
-    b_host = _host_operand(rng, n, dtype)
-    a = cudalab.asarray(a_host)
-    b = cudalab.asarray(b_host)
-    c = cudalab.empty((n, n), dtype=dtype)
-
-    def ours_fn():
-        cudalab.matmul(a, b, out=c, precision=precision)
-
-    impls = {"cudalab": ours_fn}
+    case = MatmulCase(dtype, n)
+    prepared = case.prepare()
+    impls = {"cudalab": prepared}
     if os.environ.get("CUDALAB_BENCH_MATMUL_BACKENDS", "") == "1":
-        # The other backend too (cuBLASLt vs cublasGemmStridedBatchedEx).
-        default = cudalab._core._set_matmul_backend(dtype, "lt")
-        cudalab._core._set_matmul_backend(dtype, default)
-        other = "cublas" if default == "lt" else "lt"
-
-        def other_fn():
-            cudalab._core._set_matmul_backend(dtype, other)
-            try:
-                ours_fn()
-            finally:
-                cudalab._core._set_matmul_backend(dtype, default)
-
-        impls[f"cudalab[{other}]"] = other_fn
+        name, other = _other_backend(cudalab, prepared)
+        impls[name] = other
     if torch is not None:
-        # The same values as ours (data changes a GEMM's power draw and
-        # so its clock), copied bit for bit through a same-size int view.
-        tdt = _torch_dtypes(torch)[dtype_name]
-        ints = {2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
-        ta = torch.from_numpy(a_host.view(ints)).cuda().view(tdt)
-        tb = torch.from_numpy(b_host.view(ints)).cuda().view(tdt)
-        tc = torch.empty(n, n, device="cuda", dtype=tdt)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.backends.cuda.matmul.allow_tf32 = precision == "high"
-        impls["torch"] = lambda: torch.mm(ta, tb, out=tc)
-    del a_host, b_host
-
+        impls["torch"] = prepared.torch_twin(torch)
     # One after the other, each with the full warm-up, so every one is
     # timed at the clock the GPU sustains under this GEMM.
     rows = {}
-    for impl, fn in impls.items():
-        m = measure(fn, flops=2 * n * n * n, ceiling=None, label="matmul", sub_label=label,
-                    description=impl, metadata={"precision": precision}, **settings)
-        rows[impl] = row(m, (n, n, n), label, precision=precision)
+    for impl, work in impls.items():
+        m = work.measure(timer, description=impl)
+        rows[impl] = row(m, (n, n, n), dtype, precision=case.precision)
     if "torch" in rows:
         for impl, r in rows.items():
             if impl != "torch":
@@ -126,25 +84,18 @@ def _case(cudalab, torch, settings: dict, rng, n: int, label: str, dtype_name: s
 def run(quick: bool = False) -> list[dict]:
     require_gpu("bench_matmul")
     import cudalab
+    from cudalab.bench import MATMUL_DTYPES, Timer
 
     torch = torch_cuda()
-    settings = measure_settings(quick)
+    timer = Timer(preset(quick))
     n = 2048 if quick else 8192
-    rng = np.random.default_rng(0)
     results: list[dict] = []
-    tf32_saved = torch.backends.cuda.matmul.allow_tf32 if torch is not None else None
-    try:
-        for label, dtype_name, precision in CASES:
-            results += _case(cudalab, torch, settings, rng, n, label, dtype_name, precision)
-            cudalab.synchronize()
-            cudalab.empty_cache()
-            if torch is not None:
-                torch.cuda.empty_cache()
-    finally:
+    for dtype in MATMUL_DTYPES:
+        results += _case(cudalab, torch, timer, n, dtype)
+        cudalab.synchronize()
+        cudalab.empty_cache()
         if torch is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.backends.cuda.matmul.allow_tf32 = tf32_saved
+            torch.cuda.empty_cache()
     return results
 
 

@@ -6,9 +6,9 @@ device-to-host copy of a third run at the same time (separate copy engines
 and the SMs), so the pipeline approaches the time of its slowest stage
 instead of the sum of all three.
 
-Timing: the host clock around each whole pipeline (benchlib.host_clock),
+Timing: the host clock around each whole pipeline (`cudalab.bench.host_clock`),
 which returns once every stream has finished, the variants interleaved in
-rounds after a 0.25 s warm-up each. Not `cudalab.bench.measure`: its CUDA
+rounds after the preset's warm-up each. Not `cudalab.bench.measure`: its CUDA
 events go on one stream (the legacy default stream) and the pipeline runs on
 streams of its own, which are non-blocking and so do not order with events
 there; the span that matters is the host's, from the first copy enqueued to
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import host_clock, host_measurement, main, require_gpu, row  # noqa: E402
+from benchlib import main, preset, require_gpu, row  # noqa: E402
 
 MIB = 1 << 20
 TIMER = "host clock around the whole pipeline (it returns synchronized)"
@@ -56,6 +56,7 @@ def pipeline(cl, streams, host_in: np.ndarray, host_out: np.ndarray, chunks: int
 def run(quick: bool = False) -> list[dict]:
     require_gpu("bench_pipeline")
     import cudalab as cl
+    from cudalab.bench import host_clock, host_measurement
 
     total = (64 if quick else 512) * MIB
     chunks = 16
@@ -69,7 +70,7 @@ def run(quick: bool = False) -> list[dict]:
     }
     cases = {name: (lambda streams=streams: pipeline(cl, streams, host_in, host_out, chunks))
              for name, streams in variants.items()}
-    times = host_clock(cases, 5 if quick else 10)
+    times = host_clock(cases, 5 if quick else 10, warmup=preset(quick).warmup)
     measurements = {
         name: host_measurement(samples, calls=1, label="pipeline_h2d_compute_d2h",
                                sub_label=name, description="cudalab", bytes=2 * total,

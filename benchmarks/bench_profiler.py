@@ -2,14 +2,13 @@
 
 * ``add_inplace_dispatch``: host time per in-place add of 1,024 float32
   (``x += y``) issued 10,000 times from Python with one synchronize at the end,
-  measured as in bench_streams.py (benchlib.host_clock: 0.25 s warm-up per
-  variant, then the host clock around each loop), median and IQR over
+  measured as in bench_streams.py (`cudalab.bench.host_clock`: the preset's
+  warm-up per variant, then the host clock around each loop), median and IQR over
   repeats. Variants, interleaved in rounds so that clock drift hits all of
   them alike:
 
   - ``profiler off``: the normal case (no profile, NVTX off): each op tests
-    one C flag. Compare with bench_streams.py's ``add_inplace_dispatch``
-    (4.5 us per op on an H200 before the profiler existed);
+    one C flag. Compare with bench_streams.py's ``add_inplace_dispatch``;
   - ``nvtx on``: NVTX ranges forced on without a tool attached (what an op
     costs under Nsight Systems, less the tool's own work);
   - ``profiler on``: inside ``cudalab.profiler.profile()`` (a record and two
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import host_clock, host_measurement, main, require_gpu, row  # noqa: E402
+from benchlib import main, preset, require_gpu, row  # noqa: E402
 
 N = 1024
 ITERS = 10_000
@@ -44,6 +43,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
     import cudalab as cl
     from cudalab import _core
+    from cudalab.bench import host_clock, host_measurement
 
     repeats = 5 if quick else 20
     x_h = np.random.default_rng(1).standard_normal(N, dtype=np.float32)
@@ -79,7 +79,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     }
     nvtx_at_start = _core._nvtx_set_enabled(False)
     try:
-        times = host_clock(variants, repeats)
+        times = host_clock(variants, repeats, warmup=preset(quick).warmup)
     finally:
         _core._nvtx_set_enabled(nvtx_at_start)
     exit_s = exit_s[-repeats:]  # the timed profiles only, not the warm-up's

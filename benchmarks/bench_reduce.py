@@ -10,8 +10,8 @@
 GB/s counts the bytes read plus the bytes written (the result is tiny next to
 the input, so this is essentially the 1 GiB read); "% ceiling" is against the
 measured device-to-device copy (`cudalab.bench.ceiling("copy")`, bytes read +
-written). Times come from `cudalab.bench.measure` with the same settings for
-both libraries (benchlib.measure_settings), each cudalab case right before its
+written). Times come from `cudalab.bench.measure` with the same preset for
+both libraries (benchlib.preset), each cudalab case right before its
 torch twin. Arrays are filled with a non-zero constant on the device (values
 don't change the timing of a sum). torch is optional (its rows are skipped
 without it), a GPU is not.
@@ -21,31 +21,32 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import main, measure_settings, require_gpu, row, torch_cuda  # noqa: E402
+from benchlib import main, preset, require_gpu, row, torch_cuda  # noqa: E402
 
 VALUE = 1.0009765625  # exactly representable, never zero
 
 
-def _sum_all(cudalab, torch, settings: dict, n: int) -> list[dict]:
+def _sum_all(cudalab, torch, p: Any, n: int) -> list[dict]:
     from cudalab.bench import measure
 
     nbytes = n * 4 + 4
     x = cudalab.full((n,), VALUE, dtype=np.float32)
     rows = [row(measure(lambda: cudalab.sum(x), bytes=nbytes, ceiling="copy",
-                        label="sum_all", description="cudalab", **settings), (n,), "float32")]
+                        label="sum_all", description="cudalab", preset=p), (n,), "float32")]
     if torch is not None:
         t = torch.full((n,), VALUE, dtype=torch.float32, device="cuda")
         rows.append(row(measure(lambda: torch.sum(t), bytes=nbytes, ceiling="copy",
-                                label="sum_all", description="torch", **settings),
+                                label="sum_all", description="torch", preset=p),
                         (n,), "float32"))
     return rows
 
 
-def _sum_axis(cudalab, torch, settings: dict, side: int) -> list[dict]:
+def _sum_axis(cudalab, torch, p: Any, side: int) -> list[dict]:
     from cudalab.bench import measure
 
     nbytes = side * side * 4 + side * 4
@@ -56,11 +57,11 @@ def _sum_axis(cudalab, torch, settings: dict, side: int) -> list[dict]:
     rows = []
     for axis in (0, 1):
         m = measure(lambda: cudalab.sum(mat, axis=axis), bytes=nbytes, ceiling="copy",
-                    label=f"sum_axis{axis}", description="cudalab", **settings)
+                    label=f"sum_axis{axis}", description="cudalab", preset=p)
         rows.append(row(m, (side, side), "float32"))
         if tmat is not None:
             m = measure(lambda: torch.sum(tmat, dim=axis), bytes=nbytes, ceiling="copy",
-                        label=f"sum_axis{axis}", description="torch", **settings)
+                        label=f"sum_axis{axis}", description="torch", preset=p)
             rows.append(row(m, (side, side), "float32"))
     return rows
 
@@ -77,10 +78,10 @@ def run(quick: bool = False) -> list[dict]:
     import cudalab
 
     torch = torch_cuda()
-    settings = measure_settings(quick)
-    rows = _sum_all(cudalab, torch, settings, (64 << 20) // 4 if quick else (1 << 30) // 4)
+    p = preset(quick)
+    rows = _sum_all(cudalab, torch, p, (64 << 20) // 4 if quick else (1 << 30) // 4)
     _release(cudalab, torch)
-    rows += _sum_axis(cudalab, torch, settings, 4096 if quick else 16384)
+    rows += _sum_axis(cudalab, torch, p, 4096 if quick else 16384)
     _release(cudalab, torch)
     return rows
 

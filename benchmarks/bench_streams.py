@@ -14,7 +14,7 @@
 * ``add_inplace_dispatch``: host time per in-place add of 1,024 float32
   issued 10,000 times from Python with one synchronize at the end: cudalab
   ``x += y`` vs torch ``x.add_(y)`` vs CuPy ``x += y``, interleaved in rounds
-  (benchlib.host_clock). This is a host-side figure, so it is timed with the
+  (`cudalab.bench.host_clock`). This is a host-side figure, so it is timed with the
   host clock: everything from the first call until the GPU has finished,
   per op. Each row also carries, from one `measure()` of a single add,
   ``gpu_us_per_op`` (the GPU time of one add when adds run back to back) and
@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (host_clock, host_measurement, main, measure_settings,  # noqa: E402
-                      require_gpu, row, torch_cuda)
+from benchlib import main, preset, require_gpu, row, torch_cuda  # noqa: E402
 
 N = 1024
 OPS = 100
@@ -58,7 +57,7 @@ def _ops_torch(x: Any, y: Any) -> None:
             y.mul_(0.5)
 
 
-def _bench_graph(cl: Any, torch: Any, np: Any, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def _bench_graph(cl: Any, torch: Any, np: Any, p: Any) -> list[dict[str, Any]]:
     from cudalab.bench import measure
 
     rows = []
@@ -69,7 +68,7 @@ def _bench_graph(cl: Any, torch: Any, np: Any, settings: dict[str, Any]) -> list
 
     def timed(fn, impl: str, hold: bool) -> Any:
         return measure(fn, bytes=OPS * NBYTES_PER_OP, hold=hold,
-                       label="graph_100_elementwise", description=impl, **settings)
+                       label="graph_100_elementwise", description=impl, preset=p)
 
     def per_op(m: Any, **extra: Any) -> dict[str, Any]:
         r = row(m, [N], "float32", ops_per_call=OPS, **extra)
@@ -100,8 +99,8 @@ def _bench_graph(cl: Any, torch: Any, np: Any, settings: dict[str, Any]) -> list
 
 
 def _bench_dispatch(cl: Any, torch: Any, cupy: Any, np: Any, repeats: int,
-                    settings: dict[str, Any]) -> list[dict[str, Any]]:
-    from cudalab.bench import measure
+                    p: Any) -> list[dict[str, Any]]:
+    from cudalab.bench import host_clock, host_measurement, measure
 
     x_h = np.random.default_rng(1).standard_normal(N, dtype=np.float32)
     loops, singles = {}, {}
@@ -146,14 +145,14 @@ def _bench_dispatch(cl: Any, torch: Any, cupy: Any, np: Any, repeats: int,
         loops["cupy"], singles["cupy"] = cupy_loop, cupy_add
 
     rows = []
-    times = host_clock(loops, repeats, warmup=settings["warmup"])
+    times = host_clock(loops, repeats, warmup=p.warmup)
     for impl, samples in times.items():
         m = host_measurement(samples, calls=ITERS, label="add_inplace_dispatch", description=impl,
                              timer=DISPATCH_TIMER, bytes=NBYTES_PER_OP)
         # One add under measure(): its GPU time back to back, and the host
         # enqueue time per call that measure() records (a cross-check).
         single = measure(singles[impl], bytes=NBYTES_PER_OP, ceiling=None,
-                         label="add_inplace", description=impl, **settings)
+                         label="add_inplace", description=impl, preset=p)
         rows.append(row(m, [N], "float32", us_per_op=m.median * 1e6, iters=ITERS,
                         gpu_us_per_op=single.median * 1e6,
                         enqueue_us_per_op=single.host_time * 1e6,
@@ -173,9 +172,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
     except ImportError:
         cupy = None
 
-    settings = measure_settings(quick)
-    rows = _bench_graph(cl, torch, np, settings)
-    rows += _bench_dispatch(cl, torch, cupy, np, 5 if quick else 20, settings)
+    p = preset(quick)
+    rows = _bench_graph(cl, torch, np, p)
+    rows += _bench_dispatch(cl, torch, cupy, np, 5 if quick else 20, p)
     return rows
 
 

@@ -17,8 +17,8 @@ device random numbers, each beside PyTorch in the same run.
 * ``random_normal`` / ``random_uniform``: 256M float32 values (quick: 32M),
   bytes = written; torch.randn / torch.rand beside.
 
-Times come from `cudalab.bench.measure` with the same settings for both
-libraries (benchlib.measure_settings), each cudalab case right before its
+Times come from `cudalab.bench.measure` with the same preset for both
+libraries (benchlib.preset), each cudalab case right before its
 torch twin; "% ceiling" is against the measured device-to-device copy
 (`cudalab.bench.ceiling("copy")`). torch is optional (its rows are skipped
 without it), a GPU is not.
@@ -31,23 +31,23 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import main, measure_settings, require_gpu, row, torch_cuda  # noqa: E402
+from benchlib import main, preset, require_gpu, row, torch_cuda  # noqa: E402
 
 METHODS = ["naive", "coalesced_write", "tiled", "tiled_padded", "best"]
 
 
-def _timer(settings: dict):
+def _timer(p):
     from cudalab.bench import measure
 
     def timed(fn, op: str, impl: str, nbytes: int):
-        return measure(fn, bytes=nbytes, ceiling="copy", label=op, description=impl, **settings)
+        return measure(fn, bytes=nbytes, ceiling="copy", label=op, description=impl, preset=p)
 
     return timed
 
 
-def _transposes(cudalab, torch, settings: dict, n: int) -> list[dict]:
+def _transposes(cudalab, torch, p, n: int) -> list[dict]:
     """Every transpose version, ascontiguousarray(x.T) and a copy of an n x n matrix."""
-    timed = _timer(settings)
+    timed = _timer(p)
     shape = (n, n)
     nbytes = 2 * n * n * 4
     rows: list[dict] = []
@@ -78,9 +78,9 @@ def _transposes(cudalab, torch, settings: dict, n: int) -> list[dict]:
     return rows
 
 
-def _random(cudalab, torch, settings: dict, count: int) -> list[dict]:
+def _random(cudalab, torch, p, count: int) -> list[dict]:
     """normal and uniform float32 values on the device; bytes = written."""
-    timed = _timer(settings)
+    timed = _timer(p)
     rbytes = count * 4
     g = None
     if torch is not None:
@@ -104,13 +104,13 @@ def run(quick: bool = False) -> list[dict]:
     import cudalab
 
     torch = torch_cuda()
-    settings = measure_settings(quick)
-    rows = _transposes(cudalab, torch, settings, 4096 if quick else 16384)
+    p = preset(quick)
+    rows = _transposes(cudalab, torch, p, 4096 if quick else 16384)
     cudalab.synchronize()
     cudalab.empty_cache()
     if torch is not None:
         torch.cuda.empty_cache()
-    rows += _random(cudalab, torch, settings, (32 if quick else 256) * 2**20)
+    rows += _random(cudalab, torch, p, (32 if quick else 256) * 2**20)
     return rows
 
 

@@ -1,44 +1,40 @@
-"""What the benchmark modules share: measure() settings, result rows, the host clock.
+"""What the benchmark modules share: the preset, result rows, the results file.
 
 Every GPU time comes from `cudalab.bench.measure` (CUDA events on the legacy
 default stream, which PyTorch and CuPy use by default too, so their work is
 timed the same way): warm-up, back-to-back repeats, a spin-kernel hold for
 launch-bound calls, rounds that keep the GPU fed, and a noise-based stop.
-Every benchmark passes the same `measure_settings(quick)`, so the cudalab and
+Every benchmark uses the same preset, `preset(quick)`: "sustained" (the
+clock settled under load), or "quick" with --quick; so the cudalab and
 PyTorch variants of a case are measured alike, one right after the other.
+Copy, matmul and transfer cases come from `cudalab.bench.cases`, shared with
+the measured ceilings and ``cudalab bench``.
 
-Two figures are host-side by nature and use `host_clock` instead: the
-dispatch cost of an op issued from Python (host time per op over a long loop
-that ends with a synchronize) and work that runs on several streams and
-returns synchronized (the copy/compute pipeline). Their times become
-`Measurement` objects too, so every row is built the same way by `row`.
+Two figures are host-side by nature and use `cudalab.bench.host_clock`
+instead: the dispatch cost of an op issued from Python and work that runs on
+several streams and returns synchronized (the copy/compute pipeline). Their
+times become `Measurement` objects too, so every row is built the same way
+by `row`, and every file is written by `cudalab.bench.write_results`.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import statistics
 import sys
-import time
 from typing import Any, Callable, Mapping, Sequence
 
-# Warm-up before every measurement: long enough for a power-capped GPU's
-# clock to settle under load (an H200's fp16 GEMM clock falls from 1980 MHz to
-# ~1400 MHz within 0.2 s), so no figure is taken at the idle boost clock.
-WARMUP_S = 0.25
-# Raw times kept in a row's "measurement" dict; above this, only the
-# statistics (the JSON stays small: short ops reach thousands of repeats).
-MAX_TIMES_IN_JSON = 200
+from cudalab.bench import PRESETS, Preset
+
+# Raw times kept per measurement in a results file: longer series keep this
+# many order statistics (median, quartiles, min and max stay exact), so the
+# file stays small: short ops reach thousands of repeats.
+MAX_TIMES_IN_JSON = 201
 
 MEASURE_TIMER = "CUDA events (cudalab.bench.measure)"
 
 
-def measure_settings(quick: bool) -> dict[str, Any]:
-    """The measure() keywords of every benchmark (the same for cudalab and torch)."""
-    if quick:
-        return {"warmup": WARMUP_S, "min_run_time": 0.05, "max_run_time": 0.25}
-    return {"warmup": WARMUP_S, "min_run_time": 0.5, "max_run_time": 2.0}
+def preset(quick: bool) -> Preset:
+    """The preset of every benchmark (the same for cudalab and torch)."""
+    return PRESETS["quick" if quick else "sustained"]
 
 
 def require_gpu(who: str) -> None:
@@ -61,15 +57,6 @@ def torch_cuda() -> Any:
 
 
 # ---- rows -------------------------------------------------------------------------
-
-
-def measurement_dict(m: Any) -> dict[str, Any]:
-    """m.to_dict(), without the raw times when there are more than MAX_TIMES_IN_JSON."""
-    data = m.to_dict()
-    if m.repeats > MAX_TIMES_IN_JSON:
-        del data["times"]
-        data["times_omitted"] = m.repeats
-    return data
 
 
 def row(m: Any, shape: Sequence[int], dtype: str, *, ops_per_call: int = 1,
@@ -113,75 +100,11 @@ def row(m: Any, shape: Sequence[int], dtype: str, *, ops_per_call: int = 1,
     if m.warning:
         out["warning"] = m.warning
     out.update(extra)
-    out["measurement"] = measurement_dict(m)
+    out["measurement"] = m  # written by cudalab.bench.write_results
     return out
 
 
-# ---- the host clock ---------------------------------------------------------------
-
-
-def host_clock(cases: Mapping[str, Callable[[], Any]], repeats: int,
-               warmup: float = WARMUP_S) -> dict[str, list[float]]:
-    """Host seconds of each call of each case, interleaved in rounds.
-
-    Every case must return only once its GPU work is done (end with a
-    synchronize), so a call's host time is its whole span. Each case is
-    warmed up for `warmup` seconds first; then every round calls each case
-    once, so clock and thermal drift over the run hit all of them alike.
-    """
-    for fn in cases.values():
-        fn()
-        end = time.perf_counter() + warmup
-        while time.perf_counter() < end:
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, fn in cases.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
-
-
-def host_measurement(times: Sequence[float], *, calls: int, label: str, description: str,
-                     timer: str, sub_label: str | None = None, bytes: float | None = None,
-                     host_time: bool = True, metadata: dict[str, Any] | None = None) -> Any:
-    """A Measurement from `host_clock` times of `calls` calls each.
-
-    With host_time (dispatch figures) the median per call is also the
-    Measurement's host_time, so the row gets "host_us".
-    """
-    import cudalab
-    from cudalab.bench import Measurement
-
-    per_call = tuple(t / calls for t in times)
-    device = cudalab.current_device()
-    return Measurement(
-        label=label,
-        sub_label=sub_label,
-        description=description,
-        times=per_call,
-        number_per_run=calls,
-        host_time=statistics.median(per_call) if host_time else None,
-        bytes=bytes,
-        device=cudalab.get_device_properties(device).name,
-        device_index=device,
-        stop_reason="max_repeats",
-        metadata={**(metadata or {}), "timer": timer},
-    )
-
-
 # ---- output -----------------------------------------------------------------------
-
-
-def dumps(data: Any) -> str:
-    """JSON with indent 2, lists of numbers kept on one line."""
-    text = json.dumps(data, indent=2)
-    # Only lists that json.dumps broke over lines: a JSON string has no raw
-    # newline, so text inside strings is never touched.
-    number = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-    flat = re.compile(r"\[\n\s*(" + number + r"(?:,\n\s*" + number + r")*)\n\s*\]")
-    return flat.sub(lambda mo: "[" + re.sub(r",\n\s*", ", ", mo.group(1)) + "]", text)
 
 
 def _cell(value: Any, spec: str) -> str:
@@ -212,16 +135,19 @@ def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def main(run: Callable[[bool], list[dict[str, Any]]],
          show: Callable[[list[dict[str, Any]]], str] = format_rows) -> int:
-    """Entry point of a bench_<name>.py script: [--quick] [--json]."""
+    """Entry point of a bench_<name>.py script: [--quick] [--json] (the results file on stdout)."""
     import cudalab
+    from cudalab.bench import dumps, results_dict
 
     argv = sys.argv[1:]
+    quick = "--quick" in argv
     try:
-        rows = run("--quick" in argv)
+        rows = run(quick)
     except cudalab.NoDeviceError as exc:
         print(exc, file=sys.stderr)
         return 1
     print(show(rows))
     if "--json" in argv:
-        print(dumps(rows))
+        print(dumps(results_dict("compute_benchmarks", rows, max_times=MAX_TIMES_IN_JSON,
+                                 extra={"preset": preset(quick).to_dict()})))
     return 0

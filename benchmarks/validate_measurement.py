@@ -7,20 +7,21 @@
    script (matmul, add, sum on 4096 x 4096 float32) must add up to the time
    CUDA events measure around the whole script.
 
-Writes benchmarks/results/measurement_validation_<device>.json and prints a
-summary. Usage: python benchmarks/validate_measurement.py
+Writes benchmarks/results/measurement_validation_<device>.json (through
+`cudalab.bench.write_results`; one row per spin with its Measurement) and
+prints a summary. Usage: python benchmarks/validate_measurement.py
 """
 
 from __future__ import annotations
 
-import json
+import re
 import statistics
 import sys
 from pathlib import Path
 
 import cudalab as cl
 from cudalab import _core, _nvml
-from cudalab.bench import measure
+from cudalab.bench import Row, measure, write_results
 
 
 def sm_clock_hz() -> float:
@@ -30,19 +31,19 @@ def sm_clock_hz() -> float:
     return cl.get_device_properties().clock_rate_khz * 1e3
 
 
-def timer_accuracy() -> list[dict]:
+def timer_accuracy() -> list[Row]:
     rows = []
     for target in (20e-6, 200e-6, 2e-3, 20e-3):
         # Cycles from the max boost clock (an idle GPU reports a low clock);
         # the expected time uses the clock NVML reports right after the run.
         cycles = int(target * cl.get_device_properties().clock_rate_khz * 1e3)
-        m = measure(_core._spin, cycles, label="spin", min_run_time=0.1)
+        m = measure(_core._spin, cycles, label="spin", sub_label=f"{target * 1e6:g} us")
         clock = sm_clock_hz()
         expected = cycles / clock
-        rows.append({"cycles": cycles, "sm_clock_mhz": clock / 1e6, "expected_s": expected,
-                     "median_s": m.median, "error_pct": 100 * (m.median / expected - 1),
-                     "relative_iqr": m.relative_iqr, "calls_per_repeat": m.number_per_run,
-                     "held": m.held, "repeats": m.repeats})
+        rows.append(Row(m, {"cycles": cycles, "sm_clock_mhz": clock / 1e6, "expected_s": expected,
+                            "median_s": m.median, "error_pct": 100 * (m.median / expected - 1),
+                            "relative_iqr": m.relative_iqr, "calls_per_repeat": m.number_per_run,
+                            "held": m.held, "repeats": m.repeats}))
     return rows
 
 
@@ -82,7 +83,7 @@ def main() -> int:
     with _nvml.session():
         timer = timer_accuracy()
     profile = profiler_consistency()
-    for r in timer:
+    for r in (row.fields for row in timer):
         print(f"spin {r['cycles']:>10} cycles @ {r['sm_clock_mhz']:.0f} MHz: expected "
               f"{r['expected_s'] * 1e6:9.2f} us, measured {r['median_s'] * 1e6:9.2f} us "
               f"({r['error_pct']:+.2f}%), {r['calls_per_repeat']} call(s)/repeat, held={r['held']}")
@@ -91,9 +92,11 @@ def main() -> int:
         print(f"profile: ops {', '.join(f'{n} {ms:.3f} ms' for n, ms in r['ops'])}; sum "
               f"{r['sum_of_op_gpu_ms']:.3f} ms vs events {r['event_total_ms']:.3f} ms "
               f"(ratio {r['ratio']:.4f})")
-    out = Path(__file__).parent / "results" / f"measurement_validation_{props.name.replace(' ', '_')}.json"
-    out.write_text(json.dumps({"device": props.name, "command": "python benchmarks/validate_measurement.py",
-                               "timer_accuracy": timer, "profiler_consistency": profile}, indent=2) + "\n")
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", props.name).strip("_")
+    out = Path(__file__).parent / "results" / f"measurement_validation_{slug}.json"
+    write_results(out, "measurement_validation", timer,
+                  command="python benchmarks/validate_measurement.py",
+                  extra={"profiler_consistency": profile})
     print(f"-> {out}")
     return 0
 

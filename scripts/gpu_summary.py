@@ -1,15 +1,14 @@
 """Write the JSON summary of a GPU test run (used by scripts/gpu_check.sh).
 
-Reads pytest's JUnit XML for the counts and asks cudalab and nvidia-smi for
-the device, so the file says exactly what ran where.
+Reads pytest's JUnit XML for the counts; the machine block (device, driver,
+runtime and package versions) is cudalab's own (`cudalab.bench.machine_info`),
+and the file is a cudalab results file (`cudalab.bench.write_results`, kind
+"gpu_check", no rows), so it says exactly what ran where.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import re
 import shutil
 import subprocess
@@ -29,31 +28,19 @@ def junit_counts(path: Path) -> dict[str, int]:
     return counts
 
 
-def device_info() -> dict[str, object]:
-    import cudalab
-    import numpy
+def machine() -> dict:
+    """machine_info(), with the driver release from nvidia-smi when NVML is not installed."""
+    from cudalab.bench import machine_info
 
-    info: dict[str, object] = {
-        "cudalab": cudalab.__version__,
-        "python": platform.python_version(),
-        "numpy": numpy.__version__,
-        "cuda_runtime": cudalab.runtime_version(),
-        "cuda_driver": cudalab.driver_version(),
-        "device_count": cudalab.device_count(),
-    }
-    if cudalab.is_available():
-        props = cudalab.get_device_properties(0)
-        info["device"] = props.name
-        info["compute_capability"] = list(props.compute_capability)
-        info["total_memory"] = props.total_memory
-        info["multi_processor_count"] = props.multi_processor_count
-    try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True, timeout=30)
-        info["nvidia_driver"] = smi.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        pass
+    info = machine_info(Path(__file__).resolve().parent.parent)
+    if info["cuda"]["driver"] is None:
+        try:
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, check=True, timeout=30)
+            info["cuda"]["driver"] = smi.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
     return info
 
 
@@ -67,25 +54,21 @@ def main() -> int:
     parser.add_argument("--copy-to", type=Path, default=None)
     args = parser.parse_args()
 
-    summary = {
-        "kind": "gpu_check",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": args.command,
-        "env": {"CUDALAB_REQUIRE_GPU": "1"},
-        **device_info(),
-        **junit_counts(args.junit),
-        "build_seconds": args.build_seconds,
-        "test_seconds": args.test_seconds,
-    }
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", str(summary.get("device", "no_gpu"))).strip("_")
+    from cudalab.bench import write_results
+
+    info = machine()
+    counts = junit_counts(args.junit)
+    device = info["devices"][0]["name"] if info["devices"] else "no GPU"
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
     args.outdir.mkdir(parents=True, exist_ok=True)
     path = args.outdir / f"gpu_check_{slug}.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_results(path, "gpu_check", [], machine=info, command=args.command,
+                  extra={"env": {"CUDALAB_REQUIRE_GPU": "1"}, **counts,
+                         "build_seconds": args.build_seconds, "test_seconds": args.test_seconds})
     if args.copy_to is not None and args.copy_to.resolve() != args.outdir.resolve():
         shutil.copy(path, args.copy_to / path.name)
-    print(f"summary: {summary['passed']} passed, {summary['failures']} failed, "
-          f"{summary['errors']} errors, {summary['skipped']} skipped on "
-          f"{summary.get('device', 'no GPU')} -> {path}")
+    print(f"summary: {counts['passed']} passed, {counts['failures']} failed, "
+          f"{counts['errors']} errors, {counts['skipped']} skipped on {device} -> {path}")
     return 0
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
+import types
 
 import numpy as np
 import pytest
@@ -223,3 +226,258 @@ def test_measure_and_ceilings_without_gpu_raise_no_device():
         cudalab.bench.ceilings()
     with pytest.raises(ValueError, match="unknown ceiling"):
         cudalab.bench.ceiling("nope")
+
+
+# ---- presets and Timer ---------------------------------------------------------------------
+
+from cudalab.bench import (MATMUL_DTYPES, MEASURE_OPTIONS, PRESETS, CopyCase, LaunchCase,  # noqa: E402
+                           MatmulCase, Preset, Timer, TransferCase, get_preset, host_clock)
+from cudalab.bench.cases import Prepared  # noqa: E402
+
+
+def test_presets_are_named_frozen_and_ordered_by_care():
+    assert list(PRESETS) == ["quick", "default", "sustained"]
+    quick, default, sustained = PRESETS.values()
+    assert all(p.name == name for name, p in PRESETS.items())
+    assert quick.min_run_time < default.min_run_time < sustained.min_run_time
+    assert sustained.warmup >= 0.25  # long enough for a power-capped clock to settle
+    assert all(p.noise_threshold == 0.02 and not p.flush_l2 for p in PRESETS.values())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.warmup = 1.0
+
+
+def test_readme_preset_table_matches_the_presets():
+    from _support import README
+
+    rows = {}
+    for line in README.read_text().splitlines():
+        cells = [c.strip(" `") for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0] in PRESETS:
+            rows[cells[0]] = cells
+    assert set(rows) == set(PRESETS)
+    for name, p in PRESETS.items():
+        warmup, min_run, max_run = (float(c.split()[0]) for c in rows[name][1:4])
+        assert (warmup, min_run, max_run) == (p.warmup, p.min_run_time, p.max_run_time), name
+
+
+def test_presets_docstring_table_matches_the_presets():
+    from cudalab.bench import presets
+
+    lines = {line.split()[0]: line.split() for line in presets.__doc__.splitlines()
+             if line.split() and line.split()[0] in PRESETS}
+    for name, p in PRESETS.items():
+        words = lines[name]
+        assert (float(words[1]), float(words[3]), float(words[5])) == (
+            p.warmup, p.min_run_time, p.max_run_time), name
+        assert words[7] == f"{p.min_repeats}+"
+
+
+def test_measure_takes_a_preset_and_the_documented_options():
+    keyword_only = [n for n, p in inspect.signature(cudalab.bench.measure).parameters.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert list(MEASURE_OPTIONS) == keyword_only
+    assert inspect.signature(cudalab.bench.measure).parameters["preset"].default == "default"
+
+
+def test_preset_replace_and_budget_rule():
+    default = PRESETS["default"]
+    assert default.replace() == default
+    assert default.replace(warmup=None) == default  # None keeps the preset's value
+    longer = default.replace(min_run_time=2.0)
+    assert longer.max_run_time == 10.0  # raised to 5 x min_run_time
+    assert longer.name == "default" and default.min_run_time == 0.2
+    assert default.replace(min_run_time=0.1).max_run_time == default.max_run_time
+    assert default.replace(min_run_time=2.0, max_run_time=3.0).max_run_time == 3.0
+    with pytest.raises(TypeError, match="unexpected setting"):
+        default.replace(hold=False)
+    with pytest.raises(TypeError, match="'flush_l2': expected a bool"):
+        default.replace(flush_l2=1)
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    ({"warmup": -1.0}, ValueError, "Preset\\(\\) argument 'warmup'"),
+    ({"min_run_time": 2.0, "max_run_time": 1.0}, ValueError, "'max_run_time': expected >= min_run_time"),
+    ({"min_repeats": 0}, ValueError, "'min_repeats'"),
+    ({"noise_threshold": "x"}, TypeError, "'noise_threshold'"),
+    ({"name": ""}, TypeError, "'name'"),
+])
+def test_preset_validation(kwargs, exc, message):
+    fields = {"name": "mine", "warmup": 0.1, "min_run_time": 0.1, "max_run_time": 1.0, **kwargs}
+    with pytest.raises(exc, match=message):
+        Preset(**fields)
+
+
+def test_get_preset():
+    assert get_preset("quick") is PRESETS["quick"]
+    mine = Preset("mine", warmup=0.0, min_run_time=0.01, max_run_time=0.1)
+    assert get_preset(mine) is mine
+    with pytest.raises(ValueError, match="unknown preset 'fast' \\(expected one of 'quick', 'default', "
+                                         "'sustained'\\)"):
+        get_preset("fast")
+    with pytest.raises(TypeError, match="'preset': expected a str or a Preset"):
+        get_preset(3)
+
+
+def test_preset_describe():
+    assert PRESETS["sustained"].describe() == (
+        "0.25 s warm-up; repeats until IQR/median <= 2% after 0.5 s, within 2 s (10 to 10,000 repeats)")
+    assert "L2 flushed" in PRESETS["quick"].replace(flush_l2=True).describe()
+
+
+def test_timer_settings_repr_and_replace():
+    t = Timer("sustained", min_run_time=1.0, hold=False)
+    assert t.settings == PRESETS["sustained"].replace(min_run_time=1.0)
+    assert t.to_dict() == {**t.settings.to_dict(), "hold": False}
+    assert repr(t).startswith("Timer('sustained', warmup=0.25, min_run_time=1.0, max_run_time=5.0")
+    held = t.replace(hold=True, warmup=0.5)
+    assert (held.hold, held.settings.warmup, held.settings.min_run_time) == (True, 0.5, 1.0)
+    assert t.hold is False  # unchanged
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    ({"preset": "slow"}, ValueError, "Timer\\(\\) argument 'preset': unknown preset 'slow'"),
+    ({"warmup": -1}, ValueError, "Timer\\(\\) argument 'warmup'"),
+    ({"hold": 1}, TypeError, "'hold': expected a bool"),
+    ({"stream": 0}, TypeError, "'stream'"),
+    ({"progress": 5}, TypeError, "'progress'"),
+])
+def test_timer_argument_errors(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        Timer(**kwargs)
+
+
+def test_measure_checks_preset_and_overrides_before_the_gpu():
+    with pytest.raises(ValueError, match="measure\\(\\) argument 'preset': unknown preset"):
+        cudalab.bench.measure(lambda: None, preset="fast")
+    with pytest.raises(ValueError, match="measure\\(\\) argument 'max_run_time'"):
+        cudalab.bench.measure(lambda: None, preset="quick", max_run_time=0.01)
+    with pytest.raises(TypeError, match="'fn': expected a callable"):
+        Timer().measure(None)
+
+
+def test_timer_without_gpu_raises_no_device():
+    if cudalab.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(cudalab.NoDeviceError, match="Timer\\(\\): no CUDA device"):
+        Timer("quick").measure(lambda: None)
+
+
+# ---- benchmark cases -------------------------------------------------------------------------
+
+
+def test_matmul_case_names_and_work():
+    assert MATMUL_DTYPES == ("float64", "float32", "tf32", "float16", "bfloat16")
+    c = MatmulCase("tf32", 1031)
+    assert (c.name, c.label, c.sub_label, c.ceiling) == ("matmul_tf32", "matmul", "tf32", "matmul_tf32")
+    assert (c.storage, c.precision, c.peak_key) == ("float32", "high", "tfloat32")
+    assert c.flops == 2.0 * 1031 ** 3
+    assert MatmulCase("float32").precision == "highest" and MatmulCase("float32").n == 8192
+    assert (MatmulCase("bfloat16").storage, MatmulCase("bfloat16").precision) == ("bfloat16", None)
+    assert MatmulCase.sized_for("float16", 80 << 30).n == 8192
+    assert MatmulCase.sized_for("float16", 2 << 30).n == 4096
+
+
+def test_copy_case_names_and_work():
+    c = CopyCase()
+    assert (c.name, c.label, c.sub_label, c.ceiling, c.nbytes) == ("copy", "copy", "1 GiB", "copy", 1 << 30)
+    assert CopyCase(96 << 20).sub_label == "96 MiB"
+    assert CopyCase.sized_for(80 << 30).nbytes == 1 << 30
+    small = CopyCase.sized_for(1_000_003)
+    assert small.nbytes == (1_000_003 // 4) & ~0xFFFF and small.nbytes % 65536 == 0
+
+
+def test_transfer_and_launch_case_names():
+    t = TransferCase("d2h", "pageable", 16 << 20)
+    assert (t.name, t.label, t.sub_label, t.ceiling) == ("d2h_pageable", "d2h", "pageable", "d2h")
+    assert TransferCase("h2d").nbytes == 256 << 20 and TransferCase("h2d").memory == "pinned"
+    launch = LaunchCase()
+    assert (launch.name, launch.launches, launch.ceiling) == ("launch", 10_000, None)
+
+
+@pytest.mark.parametrize("make, exc, message", [
+    (lambda: MatmulCase("int8"), ValueError, "MatmulCase\\(\\) argument 'dtype': expected one of"),
+    (lambda: MatmulCase("float16", 0), ValueError, "'n': expected an int >= 1"),
+    (lambda: MatmulCase("float16", 2.0), TypeError, "'n': expected an int"),
+    (lambda: CopyCase(2), ValueError, "CopyCase\\(\\) argument 'nbytes': expected an int >= 4"),
+    (lambda: TransferCase("up"), ValueError, "'direction': expected one of 'h2d', 'd2h'"),
+    (lambda: TransferCase("h2d", "paged"), ValueError, "'memory': expected one of 'pinned', 'pageable'"),
+    (lambda: LaunchCase(repeats=0), ValueError, "'repeats'"),
+])
+def test_case_validation(make, exc, message):
+    with pytest.raises(exc, match=message):
+        make()
+
+
+def test_cases_need_a_gpu_to_prepare():
+    if cudalab.is_available():
+        pytest.skip("a GPU is present")
+    for case in (CopyCase(1 << 20), MatmulCase("float16", 64), TransferCase("h2d", nbytes=1 << 20)):
+        with pytest.raises(cudalab.NoDeviceError):
+            case.prepare()
+
+
+class _FakeTimer:
+    """Records what Prepared.measure asks of a Timer."""
+
+    def __init__(self, hold=True):
+        self.hold, self.calls = hold, []
+
+    def replace(self, **kw):
+        return _FakeTimer(**kw)
+
+    def measure(self, fn, **kw):
+        self.calls.append((self.hold, fn, kw))
+        return kw
+
+
+def test_prepared_measure_passes_the_work_and_names():
+    case = MatmulCase("float16", 64)
+    p = Prepared(case, fn=print, flops=case.flops, metadata={"n": 64})
+    timer = _FakeTimer()
+    kw = p.measure(timer, ceiling="matmul_float16", metadata={"extra": 1})
+    assert kw == {"flops": case.flops, "bytes": None, "ceiling": "matmul_float16", "label": "matmul",
+                  "sub_label": "float16", "description": "cudalab", "metadata": {"n": 64, "extra": 1}}
+    assert timer.calls[0][0] is True and timer.calls[0][1] is print
+    assert p.measure(timer, label="L", sub_label="S", description="torch")["label"] == "L"
+
+
+def test_prepared_that_may_not_be_held_gets_an_unheld_timer():
+    p = Prepared(TransferCase("h2d", "pageable"), fn=print, bytes=1.0, hold=False)
+    fake = _FakeTimer(hold=True)
+    p.measure(fake)
+    assert fake.calls == []  # a replaced timer measured it
+    unheld = _FakeTimer(hold=False)
+    p.measure(unheld)
+    assert unheld.calls[0][0] is False
+
+
+def test_prepared_torch_twin():
+    p = Prepared(CopyCase(1 << 20), fn=print, bytes=2.0, _torch=lambda torch: torch.twin)
+    torch = types.SimpleNamespace(twin=len)
+    twin = p.torch_twin(torch)
+    assert twin.fn is len and twin.bytes == 2.0 and twin.case is p.case
+    with pytest.raises(ValueError, match="case 'copy' has no PyTorch counterpart"):
+        twin.torch_twin(torch)
+
+
+def test_launch_case_refuses_a_ceiling():
+    with pytest.raises(ValueError, match="a launch is a time"):
+        LaunchCase().measure(Timer(), ceiling="copy")
+
+
+# ---- host clock ------------------------------------------------------------------------------
+
+
+def test_host_clock_warms_up_then_interleaves():
+    calls: list[str] = []
+    cases = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    times = host_clock(cases, repeats=3, warmup=0.0)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for v in times.values() for t in v)
+
+
+def test_measurement_rates_text():
+    m = _m([0.5] * 4, flops=1e12, bytes=1e9, ceiling_name="copy", ceiling_value=4e9, ceiling_unit="B/s")
+    assert m.rates() == ["2 TFLOP/s", "2 GB/s", "50.0% of measured copy"]
+    assert _m([1.0]).rates() == []

@@ -9,7 +9,8 @@ import pytest
 
 import cudalab
 from cudalab import _core
-from cudalab.bench import Measurement, ceiling, measure
+from cudalab.bench import (CopyCase, LaunchCase, MatmulCase, Measurement, Timer, TransferCase, ceiling,
+                           measure)
 
 pytestmark = pytest.mark.gpu
 
@@ -118,3 +119,63 @@ def test_measure_leaves_memory_as_it_found_it(memory_baseline, rng):
     gc.collect()
     cudalab.synchronize()
     assert cudalab.memory_allocated() == before  # the L2-flush buffer was given back
+
+
+def test_measurement_records_its_preset_and_hold():
+    a = cudalab.asarray(np.arange(1, 4097, dtype=np.float32))
+    m = measure(lambda: a.__iadd__(1.0), preset="quick", min_run_time=0.03)
+    assert m.settings["name"] == "quick" and m.settings["min_run_time"] == 0.03
+    assert m.settings["hold"] is True
+    unheld = Timer("quick", hold=False).measure(lambda: a.__iadd__(1.0))
+    assert not unheld.held and unheld.launch_gap is None
+
+
+def test_measure_result_returns_the_first_call(rng):
+    host = rng.standard_normal(5003).astype(np.float32)
+    a = cudalab.asarray(host)
+    calls = []
+
+    def scaled():
+        calls.append(None)
+        return cudalab.mul(a, float(len(calls)))
+
+    m, first = Timer("quick").measure_result(scaled)
+    np.testing.assert_array_equal(first.get(), host)  # the first call multiplied by 1
+    assert m.repeats >= 10 and len(calls) > m.repeats
+
+
+def test_cases_measure_what_they_say():
+    timer = Timer("quick")
+    copy = CopyCase(64 << 20).measure(timer)
+    assert copy.bytes == 2 * (64 << 20) and copy.gbps > 10
+    n = 1031
+    prepared = MatmulCase("float32", n).prepare()
+    mm = prepared.measure(timer)
+    a, b = (prepared.operands[k].get().astype(np.float64) for k in ("a", "b"))
+    expected = a @ b
+    got = prepared.operands["out"].get()
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-5  # "highest": true fp32
+    assert mm.flops == 2.0 * n ** 3 and mm.metadata["precision"] == "highest"
+    for memory in ("pinned", "pageable"):
+        d2h = TransferCase("d2h", memory, 8 << 20).prepare()
+        m = d2h.measure(timer)
+        if memory == "pageable":
+            assert not m.held  # a synchronous copy is never held behind a spin kernel
+        np.testing.assert_array_equal(d2h.operands["host"], d2h.operands["device"].get())
+    launch = LaunchCase(1000, repeats=5).measure(timer)
+    assert 1e-7 < launch.median < 1e-4 and launch.number_per_run == 1000
+
+
+def test_cases_torch_twins_share_the_data():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    prepared = MatmulCase("tf32", 512).prepare()
+    twin = prepared.torch_twin(torch)
+    before = torch.backends.cuda.matmul.allow_tf32
+    out = twin.fn()
+    assert torch.backends.cuda.matmul.allow_tf32 == before  # set for the call only
+    ours = prepared.fn()
+    np.testing.assert_allclose(out.cpu().numpy(), ours.get(), rtol=2e-2, atol=1e-1)
+    m = twin.measure(Timer("quick"), description="torch")
+    assert m.description == "torch" and m.flops == prepared.flops

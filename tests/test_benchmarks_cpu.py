@@ -67,11 +67,25 @@ def test_scripts_exit_1_with_a_message_without_a_gpu(name):
     assert "Traceback" not in proc.stderr
 
 
-def test_measure_settings_share_the_warmup(benchlib):
-    quick, full = benchlib.measure_settings(True), benchlib.measure_settings(False)
-    assert quick["warmup"] == full["warmup"] == 0.25
-    assert quick["min_run_time"] < full["min_run_time"]
-    assert quick["max_run_time"] >= quick["min_run_time"]
+def test_every_benchmark_uses_a_named_preset(benchlib):
+    from cudalab.bench import PRESETS
+
+    assert benchlib.preset(True) is PRESETS["quick"]
+    assert benchlib.preset(False) is PRESETS["sustained"]
+
+
+def test_no_benchmark_module_copies_timing_numbers():
+    # Warm-up and run times come from the presets, never from literals in benchmarks/.
+    for path in BENCH_DIR.glob("*.py"):
+        text = path.read_text()
+        for word in ("warmup=0", "min_run_time=0", "max_run_time=", "WARMUP_S"):
+            assert word not in text, f"{path.name} sets {word!r} by hand"
+
+
+def test_shared_cases_are_used():
+    for name in ("bench_matmul", "bench_transfer", "run"):
+        text = (BENCH_DIR / f"{name}.py").read_text()
+        assert any(case in text for case in ("MatmulCase", "TransferCase", "CopyCase")), name
 
 
 def test_row_from_a_measurement(benchlib):
@@ -90,8 +104,8 @@ def test_row_from_a_measurement(benchlib):
     assert r["pct_of_ceiling"] == r["pct_of_copy_ceiling"] == pytest.approx(75.0)
     assert "tflops" not in r and "warning" not in r
     assert r["extra_key"] == 1
-    assert Measurement.from_dict(r["measurement"]) == m
-    json.dumps(r)
+    assert r["measurement"] is m  # the results writer serialises it
+    json.dumps({k: v for k, v in r.items() if k != "measurement"})
 
 
 def test_row_per_op_divides_times_and_work_not_rates(benchlib):
@@ -113,32 +127,17 @@ def test_row_carries_the_warning_and_the_timer(benchlib):
     assert benchlib.row(_m(), [1], "float32")["timer"] == benchlib.MEASURE_TIMER
 
 
-def test_measurement_dict_drops_raw_times_only_beyond_the_limit(benchlib):
-    limit = benchlib.MAX_TIMES_IN_JSON
-    kept = benchlib.measurement_dict(_m(times=(1e-3,) * limit))
-    assert len(kept["times"]) == limit and "times_omitted" not in kept
-    dropped = benchlib.measurement_dict(_m(times=(1e-3,) * (limit + 1)))
-    assert "times" not in dropped and dropped["times_omitted"] == limit + 1
-    assert dropped["derived"]["repeats"] == limit + 1
+def test_rows_go_through_the_results_writer(benchlib, tmp_path):
+    from cudalab.bench import read_results, write_results
 
-
-def test_dumps_is_json_with_number_lists_on_one_line(benchlib):
-    data = {"shape": [16384, 16384], "times": [1.5e-06, -2.25, 3], "names": ["a", "b"],
-            "nested": {"empty": [], "x": 1.0}, "text": "[1,   2]"}
-    text = benchlib.dumps(data)
-    assert json.loads(text) == data
-    assert '"shape": [16384, 16384]' in text
-    assert '"times": [1.5e-06, -2.25, 3]' in text
-    assert '"names": [\n' in text  # only number lists are put on one line
-
-
-def test_host_clock_warms_up_then_interleaves(benchlib):
-    calls: list[str] = []
-    cases = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    times = benchlib.host_clock(cases, repeats=3, warmup=0.0)
-    assert calls == ["a", "b"] + ["a", "b"] * 3
-    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
-    assert all(t >= 0 for v in times.values() for t in v)
+    m = _m(times=tuple(1e-3 + i * 1e-7 for i in range(500)), bytes=1e6)
+    r = benchlib.row(m, [4], "float32", speedup_vs_torch=1.1)
+    write_results(tmp_path / "c.json", "compute_benchmarks", [r], machine={},
+                  max_times=benchlib.MAX_TIMES_IN_JSON)
+    [back] = read_results(tmp_path / "c.json").rows
+    assert back.get("speedup_vs_torch") == 1.1 and back.get("op") == "add"
+    assert back.measurement.repeats == benchlib.MAX_TIMES_IN_JSON
+    assert back.measurement.median == pytest.approx(m.median)
 
 
 def test_format_rows_with_and_without_optional_keys(benchlib):
@@ -151,3 +150,14 @@ def test_format_rows_with_and_without_optional_keys(benchlib):
     assert len(lines) == 3
     assert "100.0 copy" in lines[1] and "1.020" in lines[1]
     assert lines[2].endswith(" !")
+
+
+@pytest.mark.parametrize("path", sorted((BENCH_DIR / "results").glob("*.json")), ids=lambda p: p.name)
+def test_committed_results_read_back(path):
+    from cudalab.bench import RESULTS_SCHEMA, read_results
+
+    if json.loads(path.read_text()).get("schema") != RESULTS_SCHEMA:
+        pytest.skip(f"{path.name} predates {RESULTS_SCHEMA}; regenerate it on a GPU")
+    results = read_results(path)
+    assert results.kind and results.machine["devices"]
+    assert all(m.device == results.machine["devices"][0]["name"] for m in results.measurements)

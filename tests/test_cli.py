@@ -29,6 +29,20 @@ def test_check_help():
     assert "--json" in result.stdout
 
 
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout == f"cudalab {cudalab.__version__}\n"
+    assert "--version" in run_cli("--help").stdout
+
+
+def test_check_json_into_a_missing_directory_is_a_usage_error(tmp_path):
+    result = run_cli("check", "--json", str(tmp_path / "missing" / "report.json"))
+    assert result.returncode == 2
+    assert "argument --json: directory" in result.stderr and "does not exist" in result.stderr
+    assert not (tmp_path / "missing").exists()
+
+
 def test_no_command_prints_help_and_fails():
     result = run_cli()
     assert result.returncode == 2

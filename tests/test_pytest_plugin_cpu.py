@@ -1,7 +1,8 @@
-"""CPU tier: cudalab's pytest plugin (cudalab.pytest_plugin, cudalab.bench.results).
+"""CPU tier: cudalab's pytest plugin (cudalab.pytest_plugin, cudalab.bench.baseline).
 
-The pure logic (threshold parsing, comparison, the JSON layout, machine info,
-the summary table) is tested directly with synthetic Measurements. The pytest
+The pure logic (threshold parsing, comparison, baselines, the summary table)
+is tested directly with synthetic Measurements; the results file itself is
+tested in test_bench_results_cpu.py. The pytest
 side runs small generated test files through ``pytester`` in a subprocess
 with ``CUDA_VISIBLE_DEVICES=""``, so the plugin sees no GPU even on a GPU
 machine: the ``gpu`` marker and the fixture skip (or fail under
@@ -18,17 +19,16 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import socket
 import subprocess
 import sys
-import types
 
 import pytest
 
 import cudalab
 from cudalab import pytest_plugin
 from cudalab.bench import Measurement
+from cudalab.bench import baseline as B
 from cudalab.bench import results as R
 from _support import readme_plugin_example
 
@@ -56,31 +56,31 @@ def fake(label: str, median: float, **fields) -> Measurement:
      ("150%", 1.5)],
 )
 def test_parse_threshold_accepts_percent_and_fraction(text, expected):
-    assert R.parse_threshold(text) == pytest.approx(expected)
+    assert B.parse_threshold(text) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("text", ["10x", "", "%", "ten%", "1e", "10 %%"])
 def test_parse_threshold_rejects_garbage(text):
     with pytest.raises(ValueError, match=r"--fail: expected a percentage such as '10%' or a fraction"):
-        R.parse_threshold(text, option="--fail")
+        B.parse_threshold(text, option="--fail")
 
 
 @pytest.mark.parametrize("text", ["0", "0%", "-5%", "-0.1", "nan", "inf%"])
 def test_parse_threshold_rejects_zero_negative_and_non_finite(text):
     with pytest.raises(ValueError, match=r"greater than 0"):
-        R.parse_threshold(text)
+        B.parse_threshold(text)
 
 
 @pytest.mark.parametrize("text", ["10", "1.5"])
 def test_parse_threshold_refuses_ambiguous_bare_numbers(text):
     with pytest.raises(ValueError, match=rf"'{text}' is ambiguous.*write '{text}%'"):
-        R.parse_threshold(text)
+        B.parse_threshold(text)
 
 
 def test_format_threshold():
-    assert R.format_threshold(0.1) == "10%"
-    assert R.format_threshold(2.0) == "200%"
-    assert R.format_threshold(0.025) == "2.5%"
+    assert B.format_threshold(0.1) == "10%"
+    assert B.format_threshold(2.0) == "200%"
+    assert B.format_threshold(0.025) == "2.5%"
 
 
 # ---- comparison ------------------------------------------------------------------------
@@ -90,7 +90,7 @@ BASELINE = {m.key: m for m in (fake("add", 1e-3), fake("mm", 2e-3, sub_label="fl
 
 
 def test_regression_beyond_threshold():
-    c = R.compare(fake("add", 1.25e-3), BASELINE, threshold=0.10)
+    c = B.compare(fake("add", 1.25e-3), BASELINE, threshold=0.10)
     assert c.baseline_median == pytest.approx(1e-3)
     assert c.current_median == pytest.approx(1.25e-3)
     assert c.change == pytest.approx(0.25)
@@ -101,7 +101,7 @@ def test_regression_beyond_threshold():
 
 
 def test_slower_within_threshold_passes():
-    c = R.compare(fake("add", 1.08e-3), BASELINE, threshold=0.10)
+    c = B.compare(fake("add", 1.08e-3), BASELINE, threshold=0.10)
     assert c.change == pytest.approx(0.08)
     assert not c.regressed and c.status == "slower"
     assert "within the allowed +10%" in c.describe()
@@ -109,16 +109,16 @@ def test_slower_within_threshold_passes():
 
 def test_exactly_at_threshold_is_not_a_regression():
     # Medians 1.5 and 1.0 give a change of exactly 0.5 in binary floating point.
-    c = R.compare(Measurement(label="x", times=[1.5] * 4), {("x", None, None): Measurement(label="x", times=[1.0] * 4)},
+    c = B.compare(Measurement(label="x", times=[1.5] * 4), {("x", None, None): Measurement(label="x", times=[1.0] * 4)},
                   threshold=0.5)
     assert c.change == 0.5
     assert not c.regressed
-    assert R.compare(Measurement(label="x", times=[1.5001] * 4),
+    assert B.compare(Measurement(label="x", times=[1.5001] * 4),
                      {("x", None, None): Measurement(label="x", times=[1.0] * 4)}, threshold=0.5).regressed
 
 
 def test_improvement_passes():
-    c = R.compare(fake("add", 0.4e-3), BASELINE, threshold=0.10)
+    c = B.compare(fake("add", 0.4e-3), BASELINE, threshold=0.10)
     assert c.change == pytest.approx(-0.6)
     assert not c.regressed and c.status == "faster"
     assert "(-60.0%)" in c.describe()
@@ -126,39 +126,39 @@ def test_improvement_passes():
 
 def test_missing_baseline_is_reported_not_failed():
     # Same label, other sub_label: a different key.
-    c = R.compare(fake("mm", 9e-3, sub_label="float16"), BASELINE, threshold=0.10)
+    c = B.compare(fake("mm", 9e-3, sub_label="float16"), BASELINE, threshold=0.10)
     assert c.missing and c.status == "missing"
     assert c.change is None and not c.regressed
     assert "no baseline measurement" in c.describe()
 
 
 def test_matching_uses_the_whole_key():
-    c = R.compare(fake("mm", 2.2e-3, sub_label="float32"), BASELINE, threshold=0.5)
+    c = B.compare(fake("mm", 2.2e-3, sub_label="float32"), BASELINE, threshold=0.5)
     assert c.baseline_median == pytest.approx(2e-3)
     assert c.change == pytest.approx(0.1)
 
 
 def test_report_only_never_regresses():
-    c = R.compare(fake("add", 5e-3), BASELINE, threshold=None)
+    c = B.compare(fake("add", 5e-3), BASELINE, threshold=None)
     assert c.change == pytest.approx(4.0)
     assert not c.regressed and c.status == "slower"
     assert "allowed" not in c.describe()
 
 
 def test_device_mismatch_is_noted():
-    c = R.compare(fake("add", 1e-3, device="Other GPU"), BASELINE, threshold=0.1)
+    c = B.compare(fake("add", 1e-3, device="Other GPU"), BASELINE, threshold=0.1)
     assert "baseline measured on Fake GPU, now on Other GPU" in c.describe()
 
 
 def test_zero_baseline_median():
     base = {("z", None, None): Measurement(label="z", times=[0.0] * 4)}
-    c = R.compare(fake("z", 1e-6), base, threshold=0.1)
+    c = B.compare(fake("z", 1e-6), base, threshold=0.1)
     assert math.isinf(c.change) and c.regressed
     assert "+inf%" in c.describe()
 
 
 def test_comparison_to_dict():
-    d = R.compare(fake("add", 1.25e-3), BASELINE, threshold=0.10).to_dict()
+    d = B.compare(fake("add", 1.25e-3), BASELINE, threshold=0.10).to_dict()
     assert d["status"] == "regression"
     assert d["change"] == pytest.approx(0.25)
     assert d["threshold"] == 0.10
@@ -166,159 +166,65 @@ def test_comparison_to_dict():
     json.dumps(d)
 
 
-# ---- the JSON file ---------------------------------------------------------------------
+# ---- baselines from results files ---------------------------------------------------------
+
+
+def write(path, records, machine=None):
+    """A results file of the plugin's kind holding `records`."""
+    R.write_results(path, "pytest", [r.row() for r in records], machine=machine or {})
 
 
 def _records():
     m1 = fake("add", 1e-3, bytes=3e6, metadata={"n": 250_000})
     m2 = fake("mm", 2e-3, sub_label="float32", flops=2e9)
-    return [R.Record("t.py::test_add", m1, R.compare(m1, BASELINE, 0.1)), R.Record("t.py::test_mm", m2)]
+    return [B.Record("t.py::test_add", m1, B.compare(m1, BASELINE, 0.1)), B.Record("t.py::test_mm", m2)]
 
 
-def test_results_dict_layout():
-    data = R.results_dict(_records(), {"hostname": "h"})
-    assert data["schema"] == R.RESULTS_SCHEMA
-    assert data["machine"] == {"hostname": "h"}
-    assert [b["nodeid"] for b in data["benchmarks"]] == ["t.py::test_add", "t.py::test_mm"]
-    first = data["benchmarks"][0]
-    assert first["measurement"]["label"] == "add"
-    assert first["measurement"]["derived"]["median"] == pytest.approx(1e-3)
-    assert first["comparison"]["status"] == "same"
-    assert data["benchmarks"][1]["comparison"] is None
-
-
-def test_write_and_read_back(tmp_path):
-    path = tmp_path / "sub" / "dir" / "results.json"  # parents are created
-    R.write_results(path, _records(), {"hostname": "h"})
-    back = R.read_results(path)
-    assert [r.nodeid for r in back] == ["t.py::test_add", "t.py::test_mm"]
-    for old, new in zip(_records(), back):
-        assert new.measurement == old.measurement
-        assert new.measurement.metadata == old.measurement.metadata
-        assert new.comparison is None  # comparisons are written, not read
-    assert json.loads(path.read_text())["machine"] == {"hostname": "h"}
-
-
-def test_write_results_handles_numpy_scalars_in_metadata(tmp_path):
-    import numpy as np
-
-    m = fake("np", 1e-3, metadata={"n": np.int64(7), "x": np.float32(0.5), "shape": np.array([3, 5])})
-    R.write_results(tmp_path / "r.json", [R.Record("a", m)], {})
-    back = R.read_results(tmp_path / "r.json")[0].measurement
-    assert back.metadata == {"n": 7, "x": 0.5, "shape": [3, 5]}
+def test_record_rows_carry_nodeid_and_comparison(tmp_path):
+    write(tmp_path / "r.json", _records(), {"hostname": "h"})
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["kind"] == "pytest" and data["machine"] == {"hostname": "h"}
+    assert [r["nodeid"] for r in data["rows"]] == ["t.py::test_add", "t.py::test_mm"]
+    assert data["rows"][0]["comparison"]["status"] == "same"
+    assert data["rows"][1]["comparison"] is None
+    back = R.read_results(tmp_path / "r.json").rows
+    assert [r.get("nodeid") for r in back] == ["t.py::test_add", "t.py::test_mm"]
+    assert [r.measurement for r in back] == [r.measurement for r in _records()]
 
 
 def test_load_baseline_by_key_merges_repeats(tmp_path):
     a1, a2 = fake("add", 1e-3), fake("add", 3e-3)
-    R.write_results(tmp_path / "b.json", [R.Record("x", a1), R.Record("y", a2), R.Record("z", fake("mm", 1e-3))], {})
-    base = R.load_baseline(tmp_path / "b.json")
+    write(tmp_path / "b.json", [B.Record("x", a1), B.Record("y", a2), B.Record("z", fake("mm", 1e-3))])
+    base = B.load_baseline(tmp_path / "b.json")
     assert set(base) == {("add", None, None), ("mm", None, None)}
     assert base[("add", None, None)].repeats == 10  # both runs' times pooled
 
 
-@pytest.mark.parametrize(
-    "content, message",
-    [
-        ("not json", "is not valid JSON"),
-        ("[1, 2]", "is not a cudalab benchmark results file"),
-        ('{"benchmarks": {}}', "is not a cudalab benchmark results file"),
-        ('{"schema": "other/1", "benchmarks": []}', "unknown schema 'other/1'"),
-        ('{"schema": "cudalab.bench.results/1", "benchmarks": [{"nodeid": "a"}]}', "benchmark #0 is malformed"),
-        ('{"schema": "cudalab.bench.results/1", "benchmarks": [{"measurement": 5}]}', "benchmark #0 is malformed"),
-        ('{"schema": "cudalab.bench.results/1", "benchmarks": ["x"]}', "benchmark #0 is malformed"),
-        ('{"schema": "cudalab.bench.results/1", "benchmarks": [{"measurement": {"label": "a", "times": []}}]}',
-         "benchmark #0 is malformed"),
-    ],
-)
-def test_read_results_rejects_other_files(tmp_path, content, message):
-    path = tmp_path / "r.json"
-    path.write_text(content)
-    with pytest.raises(ValueError, match=message):
-        R.read_results(path)
+def test_load_baseline_of_an_empty_file(tmp_path):
+    write(tmp_path / "r.json", [])
+    assert B.load_baseline(tmp_path / "r.json") == {}
 
 
-def test_empty_results_round_trip(tmp_path):
-    R.write_results(tmp_path / "r.json", [], {})
-    assert R.read_results(tmp_path / "r.json") == []
-    assert R.load_baseline(tmp_path / "r.json") == {}
+def test_load_baseline_reads_any_results_file(tmp_path):
+    # A file of another kind (a CLI run, say) serves as a baseline too.
+    R.write_results(tmp_path / "cli.json", "bench matmul", [fake("matmul", 1e-3, sub_label="float16")],
+                    machine={})
+    assert list(B.load_baseline(tmp_path / "cli.json")) == [("matmul", "float16", None)]
 
 
-# ---- machine info ----------------------------------------------------------------------
-
-
-def test_machine_info_fields(tmp_path):
-    info = R.machine_info(tmp_path)
-    assert info["hostname"] == socket.gethostname()
-    assert info["timestamp"].endswith("+00:00")
-    assert info["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert info["versions"]["cudalab"] == cudalab.__version__
-    assert info["versions"]["numpy"] is not None
-    assert info["cuda"]["runtime_version"] == cudalab.runtime_version()
-    assert info["cuda"]["driver_version"] == cudalab.driver_version()
-    assert info["cuda"]["available"] == cudalab.is_available()
-    expected = cudalab.device_count() if cudalab.is_available() else 0
-    assert len(info["devices"]) == expected
-    assert info["git"] is None  # tmp_path is no git checkout
-    json.dumps(info)
-
-
-def test_machine_info_without_root_has_no_git():
-    assert R.machine_info()["git"] is None
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
-def test_machine_info_records_the_commit(tmp_path):
-    def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
-
-    git("init", "-q")
-    (tmp_path / "f.txt").write_text("one")
-    git("add", "f.txt")
-    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "first")
-    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    assert R.machine_info(tmp_path)["git"] == {"commit": head, "dirty": False}
-    (tmp_path / "f.txt").write_text("two")
-    assert R.machine_info(tmp_path)["git"] == {"commit": head, "dirty": True}
-
-
-@pytest.fixture
-def fake_nvml(monkeypatch):
-    """Install a stand-in cudalab._nvml whose sample() the test sets."""
-    module = types.ModuleType("cudalab._nvml")
-    monkeypatch.setitem(sys.modules, "cudalab._nvml", module)
-    monkeypatch.setattr(cudalab, "_nvml", module, raising=False)
-    return module
-
-
-def test_live_clocks_come_from_nvml_sample(fake_nvml):
-    fake_nvml.sample = lambda device: {"sm_clock_mhz": 1980 + device, "memory_clock_mhz": 2619}
-    assert R._live_clocks(1) == {"sm_clock_mhz": 1981, "memory_clock_mhz": 2619}
-
-
-def test_live_clocks_none_and_errors(fake_nvml):
-    fake_nvml.sample = lambda device: None
-    assert R._live_clocks(0) is None
-
-    def broken(device):
-        raise RuntimeError("NVML went away")
-
-    fake_nvml.sample = broken
-    assert R._live_clocks(0) == {"error": "NVML went away"}
-
-
-def test_live_clocks_without_the_module(monkeypatch):
-    monkeypatch.delattr(cudalab, "_nvml", raising=False)
-    monkeypatch.setitem(sys.modules, "cudalab._nvml", None)  # import raises ImportError
-    assert R._live_clocks(0) is None
+def test_load_baseline_refuses_disagreeing_work(tmp_path):
+    write(tmp_path / "b.json", [B.Record("x", fake("add", 1e-3, flops=1.0)),
+                                B.Record("y", fake("add", 1e-3, flops=2.0))])
+    with pytest.raises(ValueError, match="b.json: .*disagree on flops"):
+        B.load_baseline(tmp_path / "b.json")
 
 
 # ---- the summary table -----------------------------------------------------------------
 
 
 def test_summary_lines_without_comparison():
-    lines = R.summary_lines([R.Record("a", fake("mm", 2e-3, flops=4e9)),
-                             R.Record("b", fake("add", 1e-3, bytes=2e9))])
+    lines = B.summary_lines([B.Record("a", fake("mm", 2e-3, flops=4e9)),
+                             B.Record("b", fake("add", 1e-3, bytes=2e9))])
     assert lines[0].split() == ["benchmark", "median", "IQR", "rate"]
     assert lines[1].startswith("mm") and "2 ms" in lines[1] and "2 TFLOP/s" in lines[1]
     assert lines[2].startswith("add") and "2000 GB/s" in lines[2]
@@ -327,10 +233,10 @@ def test_summary_lines_without_comparison():
 def test_summary_lines_with_comparison_and_noise():
     noisy = Measurement(label="noisy", times=[1e-3, 1e-3, 2e-3, 3e-3, 3e-3])
     records = [
-        R.Record("a", fake("add", 2e-3), R.compare(fake("add", 2e-3), BASELINE, 0.1)),
-        R.Record("b", noisy, R.compare(noisy, BASELINE, 0.1)),
+        B.Record("a", fake("add", 2e-3), B.compare(fake("add", 2e-3), BASELINE, 0.1)),
+        B.Record("b", noisy, B.compare(noisy, BASELINE, 0.1)),
     ]
-    lines = R.summary_lines(records)
+    lines = B.summary_lines(records)
     assert "vs baseline" in lines[0]
     assert "1 ms -> +100.0% REGRESSION (> +10%)" in lines[1]
     assert "no baseline" in lines[2] and "(!)" in lines[2]
@@ -352,7 +258,7 @@ def test_session_from_options_defaults():
      ("0%", "greater than 0")],
 )
 def test_session_from_options_bad_threshold(tmp_path, fail, message):
-    R.write_results(tmp_path / "b.json", [], {})
+    write(tmp_path / "b.json", [])
     with pytest.raises(pytest.UsageError, match=message):
         pytest_plugin.session_from_options(None, str(tmp_path / "b.json"), fail)
 
@@ -366,14 +272,31 @@ def test_session_from_options_bad_paths(tmp_path):
     with pytest.raises(pytest.UsageError, match="--gpu-benchmark-compare: .*nope.json does not exist"):
         pytest_plugin.session_from_options(None, str(tmp_path / "nope.json"), None)
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-compare: .*not a cudalab benchmark results"):
+    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-compare: .*not a cudalab results file"):
         pytest_plugin.session_from_options(None, str(tmp_path / "bad.json"), None)
     with pytest.raises(pytest.UsageError, match="--gpu-benchmark-json: .* is a directory"):
         pytest_plugin.session_from_options(str(tmp_path), None, None)
 
 
+def test_session_from_options_json_into_a_missing_directory_is_a_usage_error(tmp_path):
+    missing = tmp_path / "no" / "such" / "r.json"
+    with pytest.raises(pytest.UsageError,
+                       match=r"--gpu-benchmark-json: the directory of .*r.json .* does not exist; "
+                             "create it first"):
+        pytest_plugin.session_from_options(str(missing), None, None)
+    assert not (tmp_path / "no").exists()  # nothing was created
+
+
+def test_session_from_options_preset(tmp_path):
+    assert pytest_plugin.session_from_options(None, None, None).preset == "default"
+    assert pytest_plugin.session_from_options(None, None, None, "quick").preset == "quick"
+    with pytest.raises(pytest.UsageError, match="--gpu-benchmark-preset: unknown preset 'fast' "
+                                                "\\(expected one of quick, default, sustained\\)"):
+        pytest_plugin.session_from_options(None, None, None, "fast")
+
+
 def test_session_records_and_compares(tmp_path):
-    R.write_results(tmp_path / "b.json", [R.Record("x", fake("add", 1e-3))], {})
+    write(tmp_path / "b.json", [B.Record("x", fake("add", 1e-3))])
     s = pytest_plugin.session_from_options(str(tmp_path / "o.json"), str(tmp_path / "b.json"), "10%")
     assert s.threshold == pytest.approx(0.1)
     record = s.record("t.py::test_a", fake("add", 2e-3))
@@ -386,16 +309,15 @@ def test_session_records_and_compares(tmp_path):
         s.record("t.py::test_c", fake("add", 1e-3))
 
 
-def test_fixture_option_defaults_follow_measure():
+def test_fixture_takes_exactly_the_options_of_measure():
     import inspect
 
-    from cudalab.bench import measure
+    from cudalab.bench import MEASURE_OPTIONS, WORK_OPTIONS, measure
 
-    defaults = pytest_plugin._measure_defaults()
-    assert defaults["label"] is None and defaults["min_run_time"] == 0.2
     keyword_only = [n for n, p in inspect.signature(measure).parameters.items()
                     if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert list(defaults) == keyword_only
+    assert list(MEASURE_OPTIONS) == keyword_only
+    assert set(WORK_OPTIONS) < set(MEASURE_OPTIONS)
 
 
 def test_gpu_available_never_raises(monkeypatch):
@@ -482,10 +404,13 @@ def test_plugin_loads_without_autoload(pytester, no_gpu):
          "--gpu-benchmark-compare-fail: '25' is ambiguous*write '25%'*"),
         (["--gpu-benchmark-compare", "missing.json"], "--gpu-benchmark-compare: missing.json does not exist"),
         (["--gpu-benchmark-compare", "test_ok.py"], "--gpu-benchmark-compare: test_ok.py is not valid JSON*"),
+        (["--gpu-benchmark-json", "missing/r.json"],
+         "--gpu-benchmark-json: the directory of missing/r.json (*missing) does not exist; create it first"),
+        (["--gpu-benchmark-preset", "slow"], "--gpu-benchmark-preset: unknown preset 'slow'*"),
     ],
 )
 def test_option_errors_are_usage_errors(pytester, args, message):
-    R.write_results(pytester.path / "base.json", [], {})
+    write(pytester.path / "base.json", [])
     pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
     result = pytester.runpytest(*PLUGIN, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -526,13 +451,14 @@ def test_new(bench):
 
 
 def _baseline(path):
-    R.write_results(path, [R.Record("old::" + label, fake(label, 1e-3))
-                           for label in ("slower", "within", "faster", "gone")], {"hostname": "old"})
+    write(path, [B.Record("old::" + label, fake(label, 1e-3))
+                 for label in ("slower", "within", "faster", "gone")], {"hostname": "old"})
 
 
 def test_json_written_for_the_session(pytester, no_gpu):
     pytester.makeconftest(FAKE_CONFTEST)
     pytester.makepyfile(test_fake=FAKE_TESTS)
+    (pytester.path / "results").mkdir()
     out = pytester.path / "results" / "run.json"
     result = pytester.runpytest_subprocess(*PLUGIN, "--gpu-benchmark-json", str(out))
     result.assert_outcomes(passed=4)
@@ -546,13 +472,15 @@ def test_json_written_for_the_session(pytester, no_gpu):
         f"results written to {out}",
     ])
     data = json.loads(out.read_text())
-    assert data["schema"] == R.RESULTS_SCHEMA
+    assert data["schema"] == R.RESULTS_SCHEMA == "cudalab.results/1"
+    assert data["kind"] == "pytest" and data["command"].startswith("pytest ")
+    assert data["preset"]["name"] == "default"
     assert data["machine"]["hostname"] == socket.gethostname()
     assert data["machine"]["cuda"]["available"] is False and data["machine"]["devices"] == []
-    records = R.read_results(out)
-    assert [r.nodeid for r in records] == [f"test_fake.py::test_{n}" for n in ("slower", "within", "faster", "new")]
-    assert [r.measurement.median for r in records] == pytest.approx([1.5e-3, 1.05e-3, 0.5e-3, 0.7e-3])
-    assert all(b["comparison"] is None for b in data["benchmarks"])
+    rows = R.read_results(out).rows
+    assert [r.get("nodeid") for r in rows] == [f"test_fake.py::test_{n}" for n in ("slower", "within", "faster", "new")]
+    assert [r.measurement.median for r in rows] == pytest.approx([1.5e-3, 1.05e-3, 0.5e-3, 0.7e-3])
+    assert all(b["comparison"] is None for b in data["rows"])
 
 
 def test_compare_fails_only_the_regressed_test(pytester, no_gpu):
@@ -583,7 +511,7 @@ def test_compare_fails_only_the_regressed_test(pytester, no_gpu):
          "1 baseline entry not measured in this run"),
         "FAILED test_fake.py::test_slower - Failed: test_fake.py:8: cudalab benchmark*",
     ])
-    statuses = {b["measurement"]["label"]: b["comparison"]["status"] for b in json.loads(out.read_text())["benchmarks"]}
+    statuses = {b["measurement"]["label"]: b["comparison"]["status"] for b in json.loads(out.read_text())["rows"]}
     assert statuses == {"slower": "regression", "within": "slower", "faster": "faster", "new": "missing"}
 
 
@@ -671,7 +599,7 @@ def test_empty_json_when_nothing_was_measured(pytester, no_gpu):
         "no gpu_benchmark measurements in this session",
         f"results written to {pytester.path / 'r.json'}",
     ])
-    assert R.read_results(pytester.path / "r.json") == []
+    assert R.read_results(pytester.path / "r.json").rows == []
 
 def test_readme_plugin_example_skips_without_gpu(pytester, no_gpu):
     pytester.makepyfile(test_readme_example=readme_plugin_example())

@@ -46,6 +46,15 @@ def test_fixture_returns_the_first_result_and_records(gpu_benchmark, request, rn
     assert gpu_benchmark.comparisons == []  # this session has no baseline
 
 
+def test_fixture_takes_a_preset(gpu_benchmark, rng):
+    x = cl.asarray(rng.standard_normal(10_007).astype(np.float32))
+    gpu_benchmark(cl.neg, x, preset="quick", ceiling=None)
+    gpu_benchmark(cl.abs, x, preset="quick", warmup=0.0, description="abs", ceiling=None)
+    first, second = gpu_benchmark.measurements
+    assert first.settings["name"] == second.settings["name"] == "quick"
+    assert second.settings["warmup"] == 0.0
+
+
 def test_fixture_passes_names_through(gpu_benchmark, rng):
     x = cl.asarray(rng.standard_normal(4099).astype(np.float32))
     gpu_benchmark(cl.neg, x, label="neg", sub_label="float32", description="4099",
@@ -79,24 +88,26 @@ def test_json_then_compare_against_tampered_and_true_baselines(pytester):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*= cudalab gpu_benchmark =*", "test_bench.py::test_add*GB/s*"])
     data = json.loads(baseline.read_text())
+    assert (data["schema"], data["kind"]) == ("cudalab.results/1", "pytest")
     machine = data["machine"]
     assert machine["cuda"]["available"] is True
     assert machine["cuda"]["driver_version"] == cl.driver_version()
     assert machine["cuda"]["runtime_version"] == cl.runtime_version()
     assert machine["devices"][0]["name"] == cl.get_device_name(0)
     assert len(machine["devices"]) == cl.device_count()
-    [entry] = data["benchmarks"]
+    [entry] = data["rows"]
     assert entry["nodeid"] == "test_bench.py::test_add"
     measured = Measurement.from_dict(entry["measurement"])
     assert measured.key == ("test_bench.py::test_add", None, None)
     assert measured.device == cl.get_device_name(0)
     assert measured.bytes == 3 * 4 * ((1 << 22) + 3)
     assert measured.median > 0 and measured.repeats >= 10
+    assert measured.settings["name"] == "default" and measured.settings["min_run_time"] == 0.1
 
     # A baseline 10x faster than what was measured: the same run now regresses.
     tampered = pytester.path / "tampered.json"
     fast = json.loads(baseline.read_text())
-    fast["benchmarks"][0]["measurement"]["times"] = [t / 10 for t in measured.times]
+    fast["rows"][0]["measurement"]["times"] = [t / 10 for t in measured.times]
     tampered.write_text(json.dumps(fast))
     result = pytester.runpytest_subprocess(
         *PLUGIN, "--gpu-benchmark-compare", str(tampered), "--gpu-benchmark-compare-fail", "10%",
@@ -107,6 +118,13 @@ def test_json_then_compare_against_tampered_and_true_baselines(pytester):
          "baseline * (+*%), more than the allowed +10%"),
         "*REGRESSION (> +10%)*",
     ])
+
+    # The session's preset applies to every fixture call without its own.
+    quick = pytester.path / "quick.json"
+    result = pytester.runpytest_subprocess(*PLUGIN, "--gpu-benchmark-preset", "quick",
+                                           "--gpu-benchmark-json", str(quick))
+    result.assert_outcomes(passed=1)
+    assert R.read_results(quick).measurements[0].settings["name"] == "quick"
 
     # The true baseline with a generous threshold passes (and is compared).
     result = pytester.runpytest_subprocess(

@@ -37,6 +37,7 @@ __all__ = [
     "NvmlError",
     "NvmlUnavailableError",
     "device_handle",
+    "driver_release",
     "query",
     "read",
     "sample",
@@ -267,3 +268,19 @@ def sample(device: int) -> dict[str, Any] | None:
         return query(device)
     except NvmlUnavailableError:
         return None
+
+
+def driver_release() -> str | None:
+    """The NVIDIA driver's version string (``"580.159.04"``), or None without NVML.
+
+    Raises
+    ------
+    NvmlError
+        If NVML is present but the query fails.
+    """
+    try:
+        with session() as nvml:
+            version = _call(nvml, nvml.nvmlSystemGetDriverVersion)
+    except NvmlUnavailableError:
+        return None
+    return version.decode() if isinstance(version, bytes) else version

@@ -9,6 +9,8 @@ Commands:
 
 * ``bench matmul|copy|transfer`` and ``ceilings``: measurements through
   cudalab.bench (see cli_bench.py).
+
+``cudalab --version`` prints the version.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import json
 import sys
 from typing import Any, Sequence
 
-from . import _core, _nvml
+from . import __version__, _core, _nvml
 from .cli_bench import add_parsers as add_bench_parsers
+from .cli_bench import output_file
 from .devices import get_device_properties
 from .memory import format_bytes
 
@@ -78,8 +81,6 @@ def _live_line(live: dict[str, Any]) -> str:
 
 
 def _print_check(report: dict[str, Any]) -> None:
-    from . import __version__
-
     print(f"cudalab {__version__}: CUDA runtime {_version(report['cuda_runtime'])}, "
           f"driver supports CUDA {_version(report['cuda_driver'])}, "
           f"{report['device_count']} device(s)")
@@ -120,13 +121,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cudalab", description="Hands-on, measured GPU performance from Python.")
+    parser.add_argument("--version", action="version", version=f"cudalab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     check = sub.add_parser(
         "check", help="report every CUDA device (exit 1 when there is none)",
         description="Report every CUDA device: properties, theoretical peaks and, with "
                     "nvidia-ml-py installed, live utilization, clocks, temperature and power. "
                     "Exits 1 with a clear message when no GPU or driver is present.")
-    check.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    check.add_argument("--json", metavar="PATH", type=output_file,
+                       help="also write the report as JSON to PATH (its directory must exist)")
     check.set_defaults(func=_cmd_check)
     add_bench_parsers(sub)
     return parser

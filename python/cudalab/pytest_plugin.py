@@ -12,11 +12,16 @@ point named ``cudalab``), so any test suite in that environment gets:
   test's node id; other options go to `measure`). ``gpu_benchmark.measurements``
   lists this test's measurements. Without a GPU the test is skipped (or fails
   under ``CUDALAB_REQUIRE_GPU=1``), as with the marker.
+* ``--gpu-benchmark-preset NAME``: the timing preset of the fixture
+  (``quick``, ``default`` or ``sustained``; default ``default``); a call's own
+  ``preset=`` option wins.
 * ``--gpu-benchmark-json PATH``: write every measurement of the session with
-  machine info (`cudalab.bench.results` describes the layout).
+  machine info (`cudalab.bench.results` describes the layout). The directory
+  must exist.
 * ``--gpu-benchmark-compare PATH``: compare each measurement with the one of
-  the same (label, sub_label, description) in a file written by
-  ``--gpu-benchmark-json``; ``--gpu-benchmark-compare-fail 10%`` (or ``0.1``)
+  the same (label, sub_label, description) in a results file (one written by
+  ``--gpu-benchmark-json``, or any other cudalab results file);
+  ``--gpu-benchmark-compare-fail 10%`` (or ``0.1``)
   fails every test whose median time grew by more than that. The failure is
   the test's own: it is raised after the test body has run (so the test's
   own checks of the result run first and every benchmark of the test is
@@ -31,7 +36,6 @@ Nothing here touches the GPU unless a test uses the marker or the fixture.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -39,18 +43,17 @@ from typing import Any, Callable
 
 import pytest
 
-from .bench.measurement import Measurement
-from .bench.results import (
+from .bench import MEASURE_OPTIONS, PRESETS, WORK_OPTIONS, Measurement, Timer, get_preset
+from .bench.baseline import (
     Comparison,
     Record,
     compare,
     format_threshold,
     load_baseline,
-    machine_info,
     parse_threshold,
     summary_lines,
-    write_results,
 )
+from .bench.results import machine_info, write_results
 
 __all__ = [
     "BenchmarkSession",
@@ -115,13 +118,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cudalab", "cudalab GPU benchmarks")
     group.addoption(
+        "--gpu-benchmark-preset", metavar="NAME", default="default",
+        help=f"timing preset of the gpu_benchmark fixture: {', '.join(PRESETS)} "
+             "(default: default)",
+    )
+    group.addoption(
         "--gpu-benchmark-json", metavar="PATH", default=None,
         help="write every gpu_benchmark measurement of the session, with machine info, to PATH",
     )
     group.addoption(
         "--gpu-benchmark-compare", metavar="PATH", default=None,
         help="compare each gpu_benchmark measurement with the same one in PATH "
-             "(a file written by --gpu-benchmark-json)",
+             "(a cudalab results file, e.g. one written by --gpu-benchmark-json)",
     )
     group.addoption(
         "--gpu-benchmark-compare-fail", metavar="THRESHOLD", default=None,
@@ -143,6 +151,8 @@ class BenchmarkSession:
         Its measurements by key.
     threshold : float or None
         Allowed relative increase of the median before a test fails.
+    preset : str
+        The fixture's timing preset.
     """
 
     def __init__(
@@ -151,11 +161,13 @@ class BenchmarkSession:
         baseline_path: Path | None = None,
         baseline: dict | None = None,
         threshold: float | None = None,
+        preset: str = "default",
     ) -> None:
         self.json_path = json_path
         self.baseline_path = baseline_path
         self.baseline = baseline
         self.threshold = threshold
+        self.preset = preset
         # key -> Record, in the order first recorded; a rerun of a test replaces its entry.
         self._records: dict[tuple, Record] = {}
 
@@ -195,17 +207,36 @@ _SESSION = pytest.StashKey[BenchmarkSession]()
 _REGRESSIONS = pytest.StashKey[list]()
 
 
+def _output_path(json_path: str | None) -> Path | None:
+    """--gpu-benchmark-json as an absolute path whose directory exists."""
+    if json_path is None:
+        return None
+    out = Path(json_path).absolute()  # tests may change the working directory
+    if out.is_dir():
+        raise pytest.UsageError(f"--gpu-benchmark-json: {json_path} is a directory; give a file path")
+    if not out.parent.is_dir():
+        raise pytest.UsageError(
+            f"--gpu-benchmark-json: the directory of {json_path} ({out.parent}) does not exist; "
+            "create it first")
+    return out
+
+
 def session_from_options(
-    json_path: str | None, compare_path: str | None, fail: str | None
+    json_path: str | None, compare_path: str | None, fail: str | None, preset: str = "default"
 ) -> BenchmarkSession:
     """Check the benchmark options and load the baseline.
 
     Raises
     ------
     pytest.UsageError
-        A bad threshold, a threshold without a baseline, or a baseline or
-        output path that cannot be used; the message names the option.
+        A bad threshold, a threshold without a baseline, an unknown preset, or
+        a baseline or output path that cannot be used; the message names the
+        option.
     """
+    if preset not in PRESETS:
+        raise pytest.UsageError(f"--gpu-benchmark-preset: unknown preset {preset!r} (expected "
+                                f"one of {', '.join(PRESETS)})")
+    out = _output_path(json_path)
     threshold = None
     if fail is not None:
         if compare_path is None:
@@ -227,12 +258,7 @@ def session_from_options(
             raise pytest.UsageError(f"--gpu-benchmark-compare: {compare_path} does not exist") from None
         except (OSError, ValueError) as exc:
             raise pytest.UsageError(f"--gpu-benchmark-compare: {exc}") from None
-    out = None
-    if json_path is not None:
-        out = Path(json_path).absolute()  # tests may change the working directory
-        if out.is_dir():
-            raise pytest.UsageError(f"--gpu-benchmark-json: {json_path} is a directory; give a file path")
-    return BenchmarkSession(out, baseline_path, baseline, threshold)
+    return BenchmarkSession(out, baseline_path, baseline, threshold, preset)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -241,6 +267,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.getoption("gpu_benchmark_json", None),
         config.getoption("gpu_benchmark_compare", None),
         config.getoption("gpu_benchmark_compare_fail", None),
+        config.getoption("gpu_benchmark_preset", "default"),
     )
 
 
@@ -252,22 +279,13 @@ def benchmark_session(config: pytest.Config) -> BenchmarkSession:
 # ---- the fixture -------------------------------------------------------------------------
 
 
-def _measure_defaults() -> dict[str, Any]:
-    from .bench.timer import measure
-
-    parameters = inspect.signature(measure).parameters
-    return {
-        name: p.default for name, p in parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
-
-
 class GpuBenchmark:
     """The ``gpu_benchmark`` fixture: time a callable, record it, return its result.
 
     Call it as ``gpu_benchmark(fn, *args, **options)``; `options` are those of
-    `cudalab.bench.measure` (``flops``, ``bytes``, ``ceiling``, ``label``,
-    ``sub_label``, ``description``, ``min_run_time``, ``flush_l2``, ...).
+    `cudalab.bench.measure` (``preset``, ``flops``, ``bytes``, ``ceiling``,
+    ``label``, ``sub_label``, ``description``, ``min_run_time``, ``flush_l2``,
+    ...). ``preset`` defaults to the session's ``--gpu-benchmark-preset``;
     ``label`` defaults to the test's node id; a test that benchmarks several
     things gives each its own ``sub_label`` or ``description``.
 
@@ -283,7 +301,6 @@ class GpuBenchmark:
     def __init__(self, item: pytest.Item, session: BenchmarkSession) -> None:
         self._item = item
         self._session = session
-        self._defaults = _measure_defaults()
         self.measurements: list[Measurement] = []
         self.comparisons: list[Comparison] = []
 
@@ -301,20 +318,20 @@ class GpuBenchmark:
             The (label, sub_label, description) key is already used by this
             test or another test of the session.
         """
-        from .bench.timer import _measure
-
-        unknown = sorted(set(options) - set(self._defaults))
+        unknown = sorted(set(options) - set(MEASURE_OPTIONS))
         if unknown:
             raise TypeError(
                 f"gpu_benchmark() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-                f"expected options of cudalab.bench.measure: {', '.join(self._defaults)}"
+                f"expected options of cudalab.bench.measure: {', '.join(MEASURE_OPTIONS)}"
             )
-        settings = {**self._defaults, **options}
-        if settings["label"] is None:
-            settings["label"] = self._item.nodeid
-        self._check_new((settings["label"], settings["sub_label"], settings["description"]))
+        preset = options.pop("preset", None) or self._session.preset
+        work = {name: options.pop(name) for name in list(options) if name in WORK_OPTIONS}
+        if work.get("label") is None:
+            work["label"] = self._item.nodeid
+        self._check_new((work["label"], work.get("sub_label"), work.get("description")))
         where = _caller()
-        measurement, result = _measure(fn, args, **settings)
+        timer = Timer(get_preset(preset, "gpu_benchmark"), **options)
+        measurement, result = timer.measure_result(fn, *args, **work)
         self._record(measurement, where)
         return result
 
@@ -397,7 +414,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     bench = config.stash.get(_SESSION, None)
     if bench is None or bench.json_path is None or hasattr(config, "workerinput"):
         return
-    write_results(bench.json_path, bench.records, machine_info(config.rootpath))
+    write_results(bench.json_path, "pytest", [r.row() for r in bench.records],
+                  machine=machine_info(config.rootpath),
+                  command=" ".join(["pytest", *config.invocation_params.args]),
+                  extra={"preset": get_preset(bench.preset).to_dict()})
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

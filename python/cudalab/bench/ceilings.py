@@ -5,41 +5,42 @@ datasheet, because the theoretical peaks of `get_device_properties()` are
 upper bounds (max boost clock, no protocol overhead) that no kernel reaches.
 
 =================  ============================================  ===========
-name               how it is measured                             theoretical
+name               the case (`cudalab.bench.cases`)               theoretical
 =================  ============================================  ===========
-copy               device-to-device copy of a contiguous buffer   DRAM peak
-                   (1 GiB, or a quarter of free memory), bytes
-                   read + written
-h2d, d2h           256 MiB between pinned host memory and the     -
-                   device, non_blocking copies
-launch             seconds per empty kernel, 10,000 launched      -
-                   back to back from C then synchronized (the
-                   rate the host can feed the GPU)
-matmul_<dtype>     n^3 GEMM through cudalab.matmul (n = 8192, or  tensor/FMA
-                   4096 when memory is short), dtype float64,      peak
-                   float32 (true fp32), tf32, float16, bfloat16
+copy               ``CopyCase``: device-to-device copy of 1 GiB   DRAM peak
+                   (or a quarter of free memory), bytes read +
+                   written
+h2d, d2h           ``TransferCase``: 256 MiB between pinned host  -
+                   memory and the device, non_blocking copies
+launch             ``LaunchCase``: seconds per empty kernel,      -
+                   10,000 launched back to back from C then
+                   synchronized (host clock, 15 repeats)
+matmul_<dtype>     ``MatmulCase``: n^3 GEMM through               tensor/FMA
+                   cudalab.matmul (n = 8192, or 4096 when memory  peak
+                   is short), dtype float64, float32 (true fp32),
+                   tf32, float16, bfloat16
 =================  ============================================  ===========
 
-Each is measured on first use, once per process and device, with
-`measure()`, and cached: `ceiling(name)` measures only that one,
-`ceilings()` measures all of them.
+Each is measured on first use, once per process and device, with the
+"sustained" preset (the clock settled under load), and cached:
+`ceiling(name)` measures only that one, `ceilings()` measures all of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Iterable, Mapping
 
 from .. import _core
-from .. import random as _random
 from .._table import format_table
 from ..devices import get_device_properties
+from .cases import MATMUL_DTYPES, Case, CopyCase, LaunchCase, MatmulCase, TransferCase
 from .measurement import Measurement, format_time
+from .results import Row
+from .timer import Timer
 
 __all__ = ["CEILING_NAMES", "Ceiling", "Ceilings", "ceiling", "ceilings", "resolve_ceiling"]
 
-MATMUL_DTYPES = ("float64", "float32", "tf32", "float16", "bfloat16")
 CEILING_NAMES: tuple[str, ...] = (
     "copy", "h2d", "d2h", "launch", *(f"matmul_{d}" for d in MATMUL_DTYPES)
 )
@@ -84,6 +85,12 @@ class Ceiling:
     def formatted(self) -> str:
         """The value with a readable unit: '4255 GB/s', '702.1 TFLOP/s', '2.1 us'."""
         return _format_value(self.value, self.unit)
+
+    def row(self) -> Row:
+        """The results-file row: name, value, unit, theoretical and the measurement."""
+        fields = self.to_dict()
+        del fields["measurement"]
+        return Row(self.measurement, fields)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,85 +159,32 @@ class Ceilings(Mapping[str, Ceiling]):
 
 # ---- the measurements ---------------------------------------------------------------
 
-
-def _measure_kw() -> dict[str, Any]:
-    # Warm-up long enough for the clock to settle under sustained load.
-    return {"ceiling": None, "warmup": 0.25, "min_run_time": 0.2, "max_run_time": 1.0}
+# The preset every ceiling is measured with.
+CEILING_PRESET = "sustained"
 
 
-def _copy(props) -> tuple[float, float | None, Measurement]:
-    free, _ = _core.mem_get_info(props.device)
-    nbytes = min(COPY_BYTES, (free // 4) & ~0xFFFF)
-    src = _core.full(nbytes // 4, 1.5, dtype="float32")
-    m = _timed(lambda: src.copy(), "copy", bytes=2 * nbytes,
-               metadata={"nbytes": nbytes})
-    return 2 * nbytes / m.median, props.peak_memory_bandwidth, m
-
-
-def _transfer(props, direction: str) -> tuple[float, None, Measurement]:
-    host = _core.pinned_empty(TRANSFER_BYTES // 4, "float32")
-    host[:] = 1.25
-    if direction == "h2d":
-        fn = lambda: _core.asarray(host, non_blocking=True)  # noqa: E731
-    else:
-        dev = _core.asarray(host)
-        fn = lambda: dev.get(out=host, non_blocking=True)  # noqa: E731
-    m = _timed(fn, direction, bytes=TRANSFER_BYTES, metadata={"nbytes": TRANSFER_BYTES, "pinned": True})
-    return TRANSFER_BYTES / m.median, None, m
-
-
-def _launch(props) -> tuple[float, None, Measurement]:
-    # Host clock around LAUNCHES launches plus a synchronize: the per-launch
-    # cost when the host feeds the GPU as fast as it can. Repeated for a median.
-    _core._empty_kernel(LAUNCHES)
-    _core.synchronize()
-    times = []
-    for _ in range(15):
-        t0 = time.perf_counter()
-        _core._empty_kernel(LAUNCHES)
-        _core.synchronize()
-        times.append((time.perf_counter() - t0) / LAUNCHES)
-    m = Measurement(label="ceiling", sub_label="launch", times=tuple(times), number_per_run=LAUNCHES,
-                    device=props.name, device_index=props.device,
-                    metadata={"method": "host clock around 10,000 empty-kernel launches + synchronize"})
-    return m.median, None, m
-
-
-def _matmul(props, dtype: str) -> tuple[float, float | None, Measurement]:
-    free, _ = _core.mem_get_info(props.device)
-    n = 8192 if free > 3 * 8192 * 8192 * 8 * 2 else 4096
-    np_dtype = "float32" if dtype == "tf32" else dtype
-    a = _random.normal((n, n), dtype=np_dtype, seed=1)
-    b = _random.normal((n, n), dtype=np_dtype, seed=2)
-    out = _core.empty((n, n), dtype=np_dtype)
-    precision = "high" if dtype == "tf32" else ("highest" if dtype == "float32" else None)
-    fn = lambda: _core.matmul(a, b, out=out, precision=precision)  # noqa: E731
-    flops = 2.0 * n * n * n
-    m = _timed(fn, f"matmul_{dtype}", flops=flops, metadata={"n": n, "dtype": dtype})
-    key = "tfloat32" if dtype == "tf32" else dtype
-    return flops / m.median, props.peak_flops.get(key), m
-
-
-def _timed(fn, name: str, **kw: Any) -> Measurement:
-    from .timer import measure
-
-    return measure(fn, label="ceiling", sub_label=name, **_measure_kw(), **kw)
+def _case(name: str, device: int) -> Case:
+    """The benchmark case behind ceiling `name`, sized for the free memory of `device`."""
+    if name == "copy":
+        return CopyCase.sized_for(_core.mem_get_info(device)[0], COPY_BYTES)
+    if name in ("h2d", "d2h"):
+        return TransferCase(name, "pinned", TRANSFER_BYTES)
+    if name == "launch":
+        return LaunchCase(LAUNCHES)
+    return MatmulCase.sized_for(name[len("matmul_"):], _core.mem_get_info(device)[0])
 
 
 def _run(name: str, props) -> Ceiling:
-    if name == "copy":
-        value, theoretical, m = _copy(props)
-        unit = "B/s"
-    elif name in ("h2d", "d2h"):
-        value, theoretical, m = _transfer(props, name)
-        unit = "B/s"
-    elif name == "launch":
-        value, theoretical, m = _launch(props)
-        unit = "s"
-    else:
-        value, theoretical, m = _matmul(props, name[len("matmul_"):])
-        unit = "FLOP/s"
-    return Ceiling(name=name, value=value, unit=unit, theoretical=theoretical, measurement=m)
+    case = _case(name, props.device)
+    m = case.measure(Timer(CEILING_PRESET), label="ceiling", sub_label=name, description=None)
+    if isinstance(case, LaunchCase):
+        return Ceiling(name=name, value=m.median, unit="s", theoretical=None, measurement=m)
+    if isinstance(case, MatmulCase):
+        return Ceiling(name=name, value=m.flops / m.median, unit="FLOP/s",
+                       theoretical=props.peak_flops.get(case.peak_key), measurement=m)
+    theoretical = props.peak_memory_bandwidth if name == "copy" else None
+    return Ceiling(name=name, value=m.bytes / m.median, unit="B/s", theoretical=theoretical,
+                   measurement=m)
 
 
 def _check_name(name: Any, func: str, param: str) -> str:

@@ -86,6 +86,10 @@ class Measurement:
         Why timing stopped: ``"converged"`` (IQR/median under the noise
         threshold after `min_run_time`), ``"max_repeats"`` or
         ``"time_budget"``; ``"merged"`` after `merge`.
+    settings : dict or None
+        How it was timed: the preset's name and fields (warm-up, run times,
+        repeats, noise threshold, L2 flush) and `hold`, as `Timer.to_dict`
+        gives them; None for times taken otherwise (the host clock).
     metadata : dict
         Free-form JSON-able context (shapes, dtype, ...).
     """
@@ -108,6 +112,7 @@ class Measurement:
     flush_l2: bool = False
     held: bool = False
     stop_reason: str = "converged"
+    settings: dict[str, Any] | None = dataclasses.field(default=None, hash=False, compare=False)
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +217,17 @@ class Measurement:
     def title(self) -> str:
         return " | ".join(p for p in (self.label, self.sub_label, self.description) if p)
 
+    def rates(self) -> list[str]:
+        """The derived rates as text: TFLOP/s, GB/s and % of the measured ceiling (if known)."""
+        rates = []
+        if self.tflops is not None:
+            rates.append(f"{self.tflops:.4g} TFLOP/s")
+        if self.gbps is not None:
+            rates.append(f"{self.gbps:.4g} GB/s")
+        if self.percent_of_ceiling is not None:
+            rates.append(f"{self.percent_of_ceiling:.1f}% of measured {self.ceiling_name}")
+        return rates
+
     def summary(self) -> str:
         """A few lines: median, IQR, repeats, rates, ceiling and warnings."""
         lines = [
@@ -222,22 +238,13 @@ class Measurement:
             f"{'s' if self.number_per_run != 1 else ''}"
             + ("  (L2 flushed)" if self.flush_l2 else ""),
         ]
-        host = []
-        if self.host_time is not None:
-            host.append(f"host {format_time(self.host_time)} per call")
-        if self.launch_gap is not None:
-            host.append(f"launch gap {format_time(self.launch_gap)} per call")
-        if host:
-            lines.append("  " + ", ".join(host))
-        rates = []
-        if self.tflops is not None:
-            rates.append(f"{self.tflops:.4g} TFLOP/s")
-        if self.gbps is not None:
-            rates.append(f"{self.gbps:.4g} GB/s")
-        if self.percent_of_ceiling is not None:
-            rates.append(f"{self.percent_of_ceiling:.1f}% of measured {self.ceiling_name}")
-        if rates:
-            lines.append("  " + ", ".join(rates))
+        host = [text for value, text in (
+            (self.host_time, f"host {format_time(self.host_time)} per call"),
+            (self.launch_gap, f"launch gap {format_time(self.launch_gap)} per call"),
+        ) if value is not None]
+        for part in (host, self.rates()):
+            if part:
+                lines.append("  " + ", ".join(part))
         if self.warning:
             lines.append(f"  WARNING: {self.warning}")
         return "\n".join(lines)

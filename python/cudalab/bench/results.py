@@ -1,22 +1,29 @@
-"""Benchmark result files: machine info, the JSON layout, and baselines.
+"""Results files: one JSON schema, one machine block, one writer, one reader.
 
-A results file is what ``pytest --gpu-benchmark-json PATH`` writes (see
-`cudalab.pytest_plugin`)::
+Everything cudalab measures and saves goes through `write_results`: the
+pytest plugin's ``--gpu-benchmark-json``, ``cudalab bench ... --json``,
+``cudalab ceilings --json`` and ``benchmarks/``. A file reads::
 
     {
-      "schema": "cudalab.bench.results/1",
+      "schema": "cudalab.results/1",
+      "kind": "pytest" | "bench matmul" | "ceilings" | "compute_benchmarks" | ...,
+      "created": "2026-11-22T01:25:32+00:00",
+      "command": "cudalab ceilings --json ceilings.json",
       "machine": {...machine_info()...},
-      "benchmarks": [
-        {"nodeid": "tests/test_x.py::test_add",
-         "measurement": {...Measurement.to_dict()...},
-         "comparison": {...Comparison.to_dict()...} or null},
+      "rows": [
+        {...fields of the row (nodeid, op, impl, name, ...)...,
+         "measurement": {...Measurement.to_dict()...}},
         ...
-      ]
+      ],
+      ...more top-level keys a kind adds (settings, ceilings, ...)
     }
 
-A saved file serves as a baseline for a later run: measurements are matched
-by `Measurement.key` (label, sub_label, description) and a measurement whose
-median time grew by more than a threshold is a regression.
+Every row carries one `Measurement` with its raw times, so any file can be
+read back (`read_results`), merged, compared (`cudalab.bench.baseline`) or
+shown in a `Compare` table. A writer may cap the raw times kept per
+measurement (`max_times`): longer series are replaced by that many order
+statistics at equally spaced quantiles, which keep the median, quartiles,
+minimum and maximum exact (the row then says ``"times_kept"``).
 
 Everything here is plain Python (no GPU needed) except that `machine_info`
 asks cudalab about the devices it can see.
@@ -28,241 +35,150 @@ import dataclasses
 import datetime
 import importlib.metadata
 import json
-import math
 import os
 import platform
+import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
-from .measurement import Measurement, format_time
+from .measurement import Measurement
 
 __all__ = [
     "RESULTS_SCHEMA",
-    "Comparison",
-    "Record",
-    "compare",
-    "load_baseline",
+    "Results",
+    "Row",
+    "dumps",
     "machine_info",
-    "parse_threshold",
     "read_results",
     "results_dict",
     "write_results",
 ]
 
-RESULTS_SCHEMA = "cudalab.bench.results/1"
-
-Key = tuple[str, "str | None", "str | None"]
+RESULTS_SCHEMA = "cudalab.results/1"
 
 
-# ---- thresholds ------------------------------------------------------------------------
-
-
-def parse_threshold(text: str, *, option: str = "threshold") -> float:
-    """A regression threshold as a fraction: ``"10%"`` -> 0.1, ``"0.1"`` -> 0.1.
-
-    Parameters
-    ----------
-    text : str
-        A percentage (``"10%"``, ``"2.5%"``, ``"200%"``) or a fraction in
-        (0, 1] (``"0.1"``). A bare number above 1 is refused because it is
-        ambiguous: ``"10"`` most likely means 10%, not 1000%.
-    option : str, optional
-        The option name to put in error messages.
-
-    Returns
-    -------
-    float
-        The allowed relative increase of the median time (0.1 for 10%).
-
-    Raises
-    ------
-    ValueError
-        Anything else, with a message naming `option`.
-    """
-    raw = str(text).strip()
-    expected = f"{option}: expected a percentage such as '10%' or a fraction such as '0.1'"
-    is_percent = raw.endswith("%")
-    number_text = raw[:-1].strip() if is_percent else raw
-    try:
-        number = float(number_text)
-    except ValueError:
-        raise ValueError(f"{expected}, got {text!r}") from None
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{expected} (greater than 0), got {text!r}")
-    if is_percent:
-        return number / 100.0
-    if number > 1:
-        raise ValueError(
-            f"{option}: {text!r} is ambiguous: as a fraction it allows a {number:.0%} slowdown; "
-            f"write '{number_text}%' for {number_text} percent (fractions must be at most 1; "
-            "give larger thresholds as percentages, e.g. '200%')"
-        )
-    return number
-
-
-def format_threshold(threshold: float) -> str:
-    """0.1 -> '10%'."""
-    return f"{threshold * 100:g}%"
-
-
-# ---- comparison ------------------------------------------------------------------------
+# ---- rows ------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class Comparison:
-    """One measurement against its baseline.
+class Row:
+    """One row of a results file: a Measurement and the row's other fields.
 
     Attributes
     ----------
-    title : str
-        The measurement's title (label | sub_label | description).
-    current_median : float
-        Median seconds per call now.
-    baseline_median : float or None
-        Median seconds per call in the baseline; None when the baseline has no
-        measurement with the same key.
-    threshold : float or None
-        Allowed relative increase of the median (0.1 for 10%); None when only
-        reporting.
-    current_device, baseline_device : str or None
-        Where each was measured (comparisons across devices are reported but
-        mean little).
+    measurement : Measurement
+    fields : dict
+        Everything else the row holds (``nodeid``, ``comparison``, ``op``,
+        ``impl``, a ceiling's ``name`` and ``value``, ...).
     """
 
-    title: str
-    current_median: float
-    baseline_median: float | None
-    threshold: float | None = None
-    current_device: str | None = None
-    baseline_device: str | None = None
+    measurement: Measurement
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    @property
-    def missing(self) -> bool:
-        """True when the baseline has no measurement with this key."""
-        return self.baseline_median is None
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(name, default)
 
-    @property
-    def change(self) -> float | None:
-        """Relative change of the median: current / baseline - 1 (+0.25 = 25% slower)."""
-        if self.baseline_median is None:
-            return None
-        if self.baseline_median <= 0:
-            return math.inf if self.current_median > 0 else 0.0
-        return self.current_median / self.baseline_median - 1.0
 
-    @property
-    def regressed(self) -> bool:
-        """True when the median grew by more than the threshold."""
-        change = self.change
-        return self.threshold is not None and change is not None and change > self.threshold
+def _order_statistics(times: tuple[float, ...], count: int) -> list[float]:
+    """`count` values at quantiles 0, 1/(count-1), ..., 1 (NumPy's linear method)."""
+    ordered = sorted(times)
+    last = len(ordered) - 1
+    values = []
+    for i in range(count):
+        position = last * i / (count - 1)
+        low = int(position)
+        high = min(low + 1, last)
+        values.append(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
+    return values
 
-    @property
-    def status(self) -> str:
-        """``"missing"``, ``"regression"``, ``"faster"``, ``"slower"`` or ``"same"``."""
-        change = self.change
-        if change is None:
-            return "missing"
-        if self.regressed:
-            return "regression"
-        return "faster" if change < 0 else "slower" if change > 0 else "same"
 
-    def describe(self) -> str:
-        """One line: medians, change and threshold (the failure message of a regression)."""
-        if self.baseline_median is None:
-            return f"{self.title}: median {format_time(self.current_median)}, no baseline measurement"
-        text = (
-            f"{self.title}: median {format_time(self.current_median)} vs baseline "
-            f"{format_time(self.baseline_median)} ({_signed_percent(self.change)})"
+def _measurement_dict(m: Measurement, max_times: int | None) -> dict[str, Any]:
+    data = m.to_dict()
+    if max_times is not None and m.repeats > max_times:
+        data["times"] = _order_statistics(m.times, max_times)
+        data["times_kept"] = (f"{max_times} order statistics of {m.repeats} repeats at equally "
+                              "spaced quantiles (median, quartiles, min and max are exact)")
+    return data
+
+
+def _row_dict(row: Measurement | Row | Mapping[str, Any], max_times: int | None) -> dict[str, Any]:
+    if isinstance(row, Measurement):
+        return {"measurement": _measurement_dict(row, max_times)}
+    if isinstance(row, Row):
+        fields, m = dict(row.fields), row.measurement
+    elif isinstance(row, Mapping) and isinstance(row.get("measurement"), Measurement):
+        fields = {k: v for k, v in row.items() if k != "measurement"}
+        m = row["measurement"]
+    else:
+        raise TypeError(
+            "write_results() argument 'rows': expected Measurements, Rows or dicts with a "
+            f"Measurement under 'measurement', got {type(row).__name__}"
         )
-        if self.threshold is not None:
-            verdict = "more than" if self.regressed else "within"
-            text += f", {verdict} the allowed +{format_threshold(self.threshold)}"
-        if self.baseline_device and self.current_device and self.baseline_device != self.current_device:
-            text += f" (baseline measured on {self.baseline_device}, now on {self.current_device})"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "baseline_median": self.baseline_median,
-            "current_median": self.current_median,
-            "change": self.change,
-            "threshold": self.threshold,
-            "status": self.status,
-            "baseline_device": self.baseline_device,
-        }
+    return {**fields, "measurement": _measurement_dict(m, max_times)}
 
 
-def _signed_percent(change: float | None) -> str:
-    if change is None:
-        return "-"
-    if math.isinf(change):
-        return "+inf%"
-    return f"{change * 100:+.1f}%"
+# ---- writing ---------------------------------------------------------------------------
 
 
-def compare(
-    measurement: Measurement,
-    baseline: Mapping[Key, Measurement],
-    threshold: float | None = None,
-) -> Comparison:
-    """Compare one measurement with the baseline entry of the same key.
+def _default_command() -> str:
+    return " ".join([os.path.basename(sys.argv[0]) if sys.argv else "python", *sys.argv[1:]])
+
+
+def results_dict(kind: str, rows: Iterable[Measurement | Row | Mapping[str, Any]], *,
+                 machine: Mapping[str, Any] | None = None, command: str | None = None,
+                 extra: Mapping[str, Any] | None = None,
+                 max_times: int | None = None) -> dict[str, Any]:
+    """The JSON-able content of a results file (the layout is in the module docstring).
 
     Parameters
     ----------
-    measurement : Measurement
-    baseline : mapping of key to Measurement
-        As `load_baseline` returns.
-    threshold : float, optional
-        Allowed relative increase of the median (0.1 for 10%); None to report
-        the change without judging it.
+    kind : str
+        What produced the file (``"pytest"``, ``"ceilings"``, ...).
+    rows : iterable
+        `Measurement`, `Row`, or dict holding a `Measurement` under
+        ``"measurement"`` and other JSON-able fields.
+    machine : mapping, optional
+        The machine block (default: `machine_info()`).
+    command : str, optional
+        The command that ran (default: this process's argv).
+    extra : mapping, optional
+        More top-level keys; they may not replace the schema's own.
+    max_times : int, optional
+        Keep at most this many raw times per measurement (at least 5).
     """
-    old = baseline.get(measurement.key)
-    return Comparison(
-        title=measurement.title,
-        current_median=measurement.median,
-        baseline_median=None if old is None else old.median,
-        threshold=threshold,
-        current_device=measurement.device,
-        baseline_device=None if old is None else old.device,
-    )
-
-
-# ---- the JSON file ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Record:
-    """One benchmark of a run: the test that measured it, and its comparison."""
-
-    nodeid: str
-    measurement: Measurement
-    comparison: Comparison | None = None
-
-
-def results_dict(records: Sequence[Record], machine: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON-able content of a results file (layout in the module docstring)."""
-    return {
+    if not isinstance(kind, str) or not kind:
+        raise TypeError("results_dict() argument 'kind': expected a non-empty str")
+    if max_times is not None and (isinstance(max_times, bool) or not isinstance(max_times, int)
+                                  or max_times < 5):
+        raise ValueError(f"results_dict() argument 'max_times': expected an int >= 5 or None, "
+                         f"got {max_times!r}")
+    data: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
-        "machine": dict(machine),
-        "benchmarks": [
-            {
-                "nodeid": r.nodeid,
-                "measurement": r.measurement.to_dict(),
-                "comparison": None if r.comparison is None else r.comparison.to_dict(),
-            }
-            for r in records
-        ],
+        "kind": kind,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": _default_command() if command is None else command,
+        "machine": dict(machine_info() if machine is None else machine),
+        "rows": [_row_dict(r, max_times) for r in rows],
     }
+    clash = sorted(set(extra or {}) & set(data))
+    if clash:
+        raise ValueError(f"results_dict() argument 'extra': {', '.join(map(repr, clash))} "
+                         "belong to the schema")
+    data.update(extra or {})
+    return data
 
 
-def write_results(path: str | os.PathLike[str], records: Sequence[Record], machine: Mapping[str, Any]) -> None:
-    """Write a results file (parent directories are created)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results_dict(records, machine), indent=2, default=_json_default)
-    target.write_text(text + "\n", encoding="utf-8")
+def dumps(data: Any) -> str:
+    """JSON with indent 2, lists of numbers kept on one line (NumPy values as lists/numbers)."""
+    text = json.dumps(data, indent=2, default=_json_default)
+    # Only lists that json.dumps broke over lines: a JSON string has no raw
+    # newline, so text inside strings is never touched.
+    number = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+    flat = re.compile(r"\[\n\s*(" + number + r"(?:,\n\s*" + number + r")*)\n\s*\]")
+    return flat.sub(lambda mo: "[" + re.sub(r",\n\s*", ", ", mo.group(1)) + "]", text)
 
 
 def _json_default(value: Any) -> Any:
@@ -272,13 +188,63 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def read_results(path: str | os.PathLike[str]) -> list[Record]:
-    """Read a results file back: one `Record` per benchmark (comparisons are not read).
+def write_results(path: str | os.PathLike[str], kind: str,
+                  rows: Iterable[Measurement | Row | Mapping[str, Any]], **options: Any) -> Path:
+    """Write a results file; the keywords are those of `results_dict`.
+
+    The directory must exist: a missing one is an error, not created (a typo
+    in a path should not scatter result files).
+
+    Raises
+    ------
+    FileNotFoundError
+        The directory of `path` does not exist.
+    IsADirectoryError
+        `path` is a directory.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give a file path")
+    parent = target.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"directory {str(parent)!r} of {str(path)!r} does not exist")
+    target.write_text(dumps(results_dict(kind, rows, **options)) + "\n", encoding="utf-8")
+    return target
+
+
+# ---- reading ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Results:
+    """A results file read back.
+
+    Attributes
+    ----------
+    kind : str
+    machine : dict
+    rows : list of Row
+    data : dict
+        The whole document as read (top-level keys a kind adds are here).
+    """
+
+    kind: str
+    machine: dict[str, Any]
+    rows: list[Row]
+    data: dict[str, Any]
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        return [r.measurement for r in self.rows]
+
+
+def read_results(path: str | os.PathLike[str]) -> Results:
+    """Read a file written by `write_results`.
 
     Raises
     ------
     ValueError
-        The file is not JSON or not a results file; the message says why.
+        The file is not JSON or not a cudalab results file; the message says why.
     OSError
         The file cannot be read.
     """
@@ -287,33 +253,24 @@ def read_results(path: str | os.PathLike[str]) -> list[Record]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise ValueError(
-            f"{path} is not a cudalab benchmark results file (expected an object with a "
-            "'benchmarks' list, as written by --gpu-benchmark-json)"
-        )
-    schema = data.get("schema")
-    if schema != RESULTS_SCHEMA:
-        raise ValueError(f"{path}: unknown schema {schema!r} (expected {RESULTS_SCHEMA!r})")
-    records = []
-    for index, entry in enumerate(data["benchmarks"]):
+    if not isinstance(data, dict) or "schema" not in data:
+        raise ValueError(f"{path} is not a cudalab results file (expected an object with "
+                         f"\"schema\": {RESULTS_SCHEMA!r}, as cudalab writes)")
+    if data["schema"] != RESULTS_SCHEMA:
+        raise ValueError(f"{path}: unknown schema {data['schema']!r} (expected {RESULTS_SCHEMA!r})")
+    if not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected a 'rows' list")
+    rows = []
+    for index, entry in enumerate(data["rows"]):
         try:
             measurement = Measurement.from_dict(entry["measurement"])
-            nodeid = str(entry.get("nodeid", ""))
+            fields = {k: v for k, v in entry.items() if k != "measurement"}
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: benchmark #{index} is malformed ({exc})") from None
-        records.append(Record(nodeid=nodeid, measurement=measurement))
-    return records
-
-
-def load_baseline(path: str | os.PathLike[str]) -> dict[Key, Measurement]:
-    """The measurements of a results file by key (repeated keys are merged)."""
-    measurements = [r.measurement for r in read_results(path)]
-    try:
-        merged = Measurement.merge(measurements)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    return {m.key: m for m in merged}
+            raise ValueError(f"{path}: row #{index} is malformed ({exc})") from None
+        rows.append(Row(measurement, fields))
+    machine = data.get("machine")
+    return Results(kind=str(data.get("kind", "")), machine=machine if isinstance(machine, dict) else {},
+                   rows=rows, data=data)
 
 
 # ---- the machine -----------------------------------------------------------------------
@@ -323,6 +280,8 @@ _PROPERTY_SUMMARY = (
     "clock_rate_khz", "memory_clock_rate_khz", "memory_bus_width", "peak_memory_bandwidth",
     "peak_flops", "ecc_enabled", "pci_bus_id",
 )
+# Versions recorded when the package is installed.
+_OPTIONAL_PACKAGES = ("torch", "cupy", "nvidia-ml-py")
 
 
 def _package_version(name: str) -> str | None:
@@ -375,8 +334,17 @@ def _live_clocks(index: int) -> dict[str, Any] | None:
     return None if sample is None else dict(sample)
 
 
+def _driver_release() -> str | None:
+    try:
+        from .. import _nvml
+
+        return _nvml.driver_release()
+    except Exception:  # optional, like the clocks
+        return None
+
+
 def machine_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Where a benchmark ran: host, software versions, devices, and the git commit.
+    """Where a measurement ran: host, software versions, devices, and the git commit.
 
     Parameters
     ----------
@@ -387,73 +355,35 @@ def machine_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``hostname``, ``timestamp`` (UTC, ISO 8601), ``platform``,
-        ``versions`` (python, cudalab, numpy, torch: None when not installed),
-        ``cuda`` (runtime and driver versions as CUDA encodes them, e.g. 13000,
-        and ``available``), ``devices`` (a property summary and the clocks of
+        ``hostname``, ``platform``, ``versions`` (python, cudalab, numpy, and
+        torch, cupy, nvidia-ml-py when installed), ``cuda`` (``available``,
+        ``runtime_version`` and ``driver_version`` as CUDA encodes them, e.g.
+        13000, and ``driver``, the NVIDIA driver release through NVML or None),
+        ``devices`` (a property summary and the live clocks of
         `cudalab._nvml.sample` per device; empty without a GPU) and ``git``
         (``commit`` and ``dirty``, or None).
     """
-    from .. import _core
+    import numpy
+
+    from .. import _core, __version__
 
     available = bool(_core.is_available())
-    info: dict[str, Any] = {
+    versions = {"python": platform.python_version(), "cudalab": __version__,
+                "numpy": numpy.__version__}
+    for name in _OPTIONAL_PACKAGES:
+        version = _package_version(name)
+        if version is not None:
+            versions[name] = version
+    return {
         "hostname": socket.gethostname(),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
-        "versions": {
-            "python": platform.python_version(),
-            "cudalab": _package_version("cudalab"),
-            "numpy": _package_version("numpy"),
-            "torch": _package_version("torch"),
-        },
+        "versions": versions,
         "cuda": {
             "available": available,
             "runtime_version": _core.runtime_version(),
             "driver_version": _core.driver_version(),
+            "driver": _driver_release() if available else None,
         },
         "devices": [_device_summary(i) for i in range(_core.device_count())] if available else [],
         "git": None if root is None else _git_commit(Path(root)),
     }
-    return info
-
-
-def summary_lines(records: Iterable[Record]) -> list[str]:
-    """A text table of records: name, median, IQR, rates and the baseline comparison."""
-    records = list(records)
-    compared = any(r.comparison is not None for r in records)
-    header = ["benchmark", "median", "IQR", "rate"] + (["vs baseline"] if compared else [])
-    rows = []
-    for r in records:
-        m = r.measurement
-        rates = []
-        if m.tflops is not None:
-            rates.append(f"{m.tflops:.4g} TFLOP/s")
-        if m.gbps is not None:
-            rates.append(f"{m.gbps:.4g} GB/s")
-        if m.percent_of_ceiling is not None:
-            rates.append(f"{m.percent_of_ceiling:.1f}% of {m.ceiling_name}")
-        iqr = format_time(m.iqr) + (" (!)" if m.noisy else "")
-        row = [m.title, format_time(m.median), iqr, ", ".join(rates) or "-"]
-        if compared:
-            row.append(_comparison_cell(r.comparison))
-        rows.append(row)
-    widths = [max(len(line[i]) for line in [header] + rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header] + rows]
-    if any(r.measurement.noisy for r in records):
-        lines.append("(!) noisy: IQR over 10% of the median")
-    return lines
-
-
-def _comparison_cell(comparison: Comparison | None) -> str:
-    if comparison is None:
-        return "-"
-    if comparison.missing:
-        return "no baseline"
-    cell = f"{format_time(comparison.baseline_median)} -> {_signed_percent(comparison.change)}"
-    if comparison.regressed:
-        cell += f" REGRESSION (> +{format_threshold(comparison.threshold)})"
-    if (comparison.baseline_device and comparison.current_device
-            and comparison.baseline_device != comparison.current_device):
-        cell += f" [baseline on {comparison.baseline_device}]"
-    return cell
