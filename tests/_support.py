@@ -42,3 +42,14 @@ def readme_plugin_example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     [block] = [b for b in blocks if "gpu_benchmark" in b]
     return block
+
+
+# ---- reductions and softmax (added with softmax; fold into the shared set) ----
+
+FLOAT_DTYPES = [d for d in DTYPES if is_float(d)]
+FLOAT_IDS = [d.name for d in FLOAT_DTYPES]
+
+
+def arg_error(func: str, param: str) -> str:
+    """Regex for the start of an argument error: ``<func>() argument '<param>': ``."""
+    return rf"^{re.escape(func)}\(\) argument '{re.escape(param)}': "

@@ -43,9 +43,10 @@
 // argmax returns the first maximum, or the first NaN, like NumPy.
 #include "kernels.h"
 #include "dtype_convert.cuh"
+#include "dtype_dispatch.cuh"
 
 #include <limits>
-#include <cstdlib>
+#include <type_traits>
 
 namespace {
 
@@ -656,7 +657,6 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
                 p.per_split = kChunkVectors;
                 p.splits = ceil_div(nvec, p.per_split);
             }
-            if (getenv("CUDALAB_EXP_WAVES") && outputs == 1) { int64_t w = atoll(getenv("CUDALAB_EXP_WAVES")) * wave; int64_t mx = ceil_div(nvec, (int64_t)kThreads * kUnroll); p.splits = w < mx ? w : mx; }
         }
         p.mean = mean;
         const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
@@ -740,39 +740,37 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
 
 // ---- dispatch: (op, input dtype) -> the one natural (accumulator, output) ----
 
-// max/min accumulate small integers and bool as int, halves as float.
-template <typename In> struct ExtremeAcc { using T = In; };
-template <> struct ExtremeAcc<bool> { using T = int; };
-template <> struct ExtremeAcc<int8_t> { using T = int; };
-template <> struct ExtremeAcc<uint8_t> { using T = int; };
-template <> struct ExtremeAcc<__half> { using T = float; };
-template <> struct ExtremeAcc<__nv_bfloat16> { using T = float; };
+// The type max/min/argmax compare in: small integers and bool as int, halves
+// as float. Float sums accumulate in it too.
+template <typename In> struct Acc { using T = In; };
+template <> struct Acc<bool> { using T = int; };
+template <> struct Acc<int8_t> { using T = int; };
+template <> struct Acc<uint8_t> { using T = int; };
+template <> struct Acc<__half> { using T = float; };
+template <> struct Acc<__nv_bfloat16> { using T = float; };
 
+template <typename In> constexpr bool kIsFloat = std::is_floating_point<In>::value;
+template <> constexpr bool kIsFloat<__half> = true;
+template <> constexpr bool kIsFloat<__nv_bfloat16> = true;
+
+// Kernel types per op; the output types match cl_reduce_result_dtype (the
+// launcher checks dst_dtype against it before it gets here).
 template <typename In>
 cudaError_t
-run_int(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+run_op(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
 {
-    using Acc = typename ExtremeAcc<In>::T;
+    using A = typename Acc<In>::T;
+    constexpr bool F = kIsFloat<In>;
+    using SumAcc = std::conditional_t<F, A, int64_t>; // integers wrap like NumPy's int64
+    using SumOut = std::conditional_t<F, In, int64_t>;
+    using MeanAcc = std::conditional_t<F, A, double>;
+    using MeanOut = std::conditional_t<F, In, double>;
     switch (d->op) {
-    case CL_REDUCE_SUM: return run<In, SumOp<int64_t>, int64_t>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MEAN: return run<In, SumOp<double>, double>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MAX: return run<In, ExtremeOp<Acc, true>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MIN: return run<In, ExtremeOp<Acc, false>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_ARGMAX: return run<In, ArgMaxOp<Acc>, int64_t>(d, ws, ws_bytes, need, stream);
-    default: return cudaErrorInvalidValue;
-    }
-}
-
-template <typename In, typename Acc>
-cudaError_t
-run_float(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
-{
-    switch (d->op) {
-    case CL_REDUCE_SUM:
-    case CL_REDUCE_MEAN: return run<In, SumOp<Acc>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MAX: return run<In, ExtremeOp<Acc, true>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MIN: return run<In, ExtremeOp<Acc, false>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_ARGMAX: return run<In, ArgMaxOp<Acc>, int64_t>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_SUM: return run<In, SumOp<SumAcc>, SumOut>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_MEAN: return run<In, SumOp<MeanAcc>, MeanOut>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_MAX: return run<In, ExtremeOp<A, true>, In>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_MIN: return run<In, ExtremeOp<A, false>, In>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_ARGMAX: return run<In, ArgMaxOp<A>, int64_t>(d, ws, ws_bytes, need, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -784,18 +782,7 @@ dispatch(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaS
         d->len < 0 || d->dst_dtype != cl_reduce_result_dtype(d->op, d->src_dtype)) {
         return cudaErrorInvalidValue;
     }
-    switch (d->src_dtype) {
-    case CL_BOOL: return run_int<bool>(d, ws, ws_bytes, need, stream);
-    case CL_INT8: return run_int<int8_t>(d, ws, ws_bytes, need, stream);
-    case CL_UINT8: return run_int<uint8_t>(d, ws, ws_bytes, need, stream);
-    case CL_INT32: return run_int<int32_t>(d, ws, ws_bytes, need, stream);
-    case CL_INT64: return run_int<int64_t>(d, ws, ws_bytes, need, stream);
-    case CL_FLOAT16: return run_float<__half, float>(d, ws, ws_bytes, need, stream);
-    case CL_BFLOAT16: return run_float<__nv_bfloat16, float>(d, ws, ws_bytes, need, stream);
-    case CL_FLOAT32: return run_float<float, float>(d, ws, ws_bytes, need, stream);
-    case CL_FLOAT64: return run_float<double, double>(d, ws, ws_bytes, need, stream);
-    default: return cudaErrorInvalidValue;
-    }
+    CL_DISPATCH(d->src_dtype, CL_ALL_TYPES, return run_op<scalar_t>(d, ws, ws_bytes, need, stream));
 }
 
 } // namespace
@@ -808,14 +795,15 @@ cl_reduce_result_dtype(cl_reduce_op op, cl_dtype src)
     }
     const bool is_float = src == CL_FLOAT16 || src == CL_BFLOAT16 || src == CL_FLOAT32 ||
                           src == CL_FLOAT64;
+    int rule;
     switch (op) {
-    case CL_REDUCE_SUM: return is_float ? src : CL_INT64;
-    case CL_REDUCE_MEAN: return is_float ? src : CL_FLOAT64;
-    case CL_REDUCE_MAX:
-    case CL_REDUCE_MIN: return src;
-    case CL_REDUCE_ARGMAX: return CL_INT64;
+#define CL_REDUCE_RESULT_(ID, name, on_float, on_int, ...)                                     \
+    case CL_REDUCE_##ID: rule = is_float ? (on_float) : (on_int); break;
+        CL_REDUCE_OPS(CL_REDUCE_RESULT_)
+#undef CL_REDUCE_RESULT_
     default: return -1;
     }
+    return rule == CL_REDUCE_KEEP ? (int)src : rule;
 }
 
 extern "C" cudaError_t
