@@ -612,84 +612,90 @@ aligned(const void *p, size_t bytes)
     return ((uintptr_t)p % bytes) == 0;
 }
 
-// Plans the launch from the layout alone; with `need` set, only reports the
+// The plans depend on the layout alone; with `need` set, they only report the
 // workspace bytes (the same plan, so the two calls always agree).
+
+// Kernel 1 for a contiguous reduced axis: a warp or a block per row, long rows
+// cut into chunks when there are few of them.
 template <typename In, typename Op, typename Out>
 cudaError_t
-run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+run_rows(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
 {
     using State = typename Op::State;
     const int64_t outputs = d->outer * d->inner;
     const int mean = d->op == CL_REDUCE_MEAN;
-    if (need != nullptr) {
-        *need = 0;
-    }
-    if (outputs <= 0) {
-        return cudaSuccess;
-    }
     constexpr int N = 16 / sizeof(In);
     cudaError_t err;
-    if (d->len_stride == 1 && d->len > 16) {
-        RowsParams p;
-        p.src = d->src;
-        p.dst = d->dst;
-        p.partial = ws;
-        p.rows = outputs;
-        p.inner = d->inner;
-        p.outer_stride = d->outer_stride;
-        p.inner_stride = d->inner_stride;
-        p.len = d->len;
-        p.tpr = d->len * (int64_t)sizeof(In) >= 8192 ? kThreads : 32;
-        const int64_t nvec = ceil_div(d->len, N);
-        p.splits = 1;
-        p.per_split = nvec;
-        int64_t wave;
-        static int occupancy[kCachedDevices];
-        if ((err = wave_blocks(reduce_rows<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
+    RowsParams p;
+    p.src = d->src;
+    p.dst = d->dst;
+    p.partial = ws;
+    p.rows = outputs;
+    p.inner = d->inner;
+    p.outer_stride = d->outer_stride;
+    p.inner_stride = d->inner_stride;
+    p.len = d->len;
+    p.tpr = d->len * (int64_t)sizeof(In) >= 8192 ? kThreads : 32;
+    const int64_t nvec = ceil_div(d->len, N);
+    p.splits = 1;
+    p.per_split = nvec;
+    int64_t wave;
+    static int occupancy[kCachedDevices];
+    if ((err = wave_blocks(reduce_rows<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
+        return err;
+    }
+    if (p.tpr == kThreads) {
+        // Few long rows: cut each into 64 KiB chunks, one block each, many
+        // waves of short-lived blocks (like one block per row of a wide
+        // matrix, the fastest case measured); a block per row combines the
+        // chunk partials (finalize_rows_block).
+        if (outputs < wave) {
+            p.per_split = kChunkVectors;
+            p.splits = ceil_div(nvec, p.per_split);
+        }
+    }
+    p.mean = mean;
+    const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
+    if (need != nullptr) {
+        *need = bytes;
+        return cudaSuccess;
+    }
+    if (ws_bytes < bytes || (bytes > 0 && !aligned(ws, alignof(State)))) {
+        return cudaErrorInvalidValue;
+    }
+    const int groups = kThreads / p.tpr;
+    reduce_rows<In, Op, Out><<<grid_of(ceil_div(outputs * p.splits, groups)), kThreads, 0,
+                               stream>>>(p);
+    if (p.splits > 1) {
+        if ((err = cudaGetLastError()) != cudaSuccess) {
             return err;
         }
-        if (p.tpr == kThreads) {
-            // Few long rows: cut each into 64 KiB chunks, one block each, many
-            // waves of short-lived blocks (like one block per row of a wide
-            // matrix, the fastest case measured); a block per row combines the
-            // chunk partials (finalize_rows_block).
-            if (outputs < wave) {
-                p.per_split = kChunkVectors;
-                p.splits = ceil_div(nvec, p.per_split);
-            }
+        // The choice depends on the plan alone, so results stay bit-identical.
+        if (p.splits > 4 * 32) {
+            finalize_rows_block<Op, Out><<<grid_of(outputs), kThreads, 0, stream>>>(
+                static_cast<const State *>(ws), static_cast<Out *>(d->dst), outputs,
+                p.splits, d->len, mean);
         }
-        p.mean = mean;
-        const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
-        if (need != nullptr) {
-            *need = bytes;
-            return cudaSuccess;
+        else {
+            finalize_rows<Op, Out><<<grid_of(ceil_div(outputs, kWarps)), kThreads, 0,
+                                     stream>>>(static_cast<const State *>(ws),
+                                               static_cast<Out *>(d->dst), outputs, p.splits,
+                                               d->len, mean);
         }
-        if (ws_bytes < bytes || (bytes > 0 && !aligned(ws, alignof(State)))) {
-            return cudaErrorInvalidValue;
-        }
-        const int groups = kThreads / p.tpr;
-        reduce_rows<In, Op, Out><<<grid_of(ceil_div(outputs * p.splits, groups)), kThreads, 0,
-                                   stream>>>(p);
-        if (p.splits > 1) {
-            if ((err = cudaGetLastError()) != cudaSuccess) {
-                return err;
-            }
-            // The choice depends on the plan alone, so results stay bit-identical.
-            if (p.splits > 4 * 32) {
-                finalize_rows_block<Op, Out><<<grid_of(outputs), kThreads, 0, stream>>>(
-                    static_cast<const State *>(ws), static_cast<Out *>(d->dst), outputs,
-                    p.splits, d->len, mean);
-            }
-            else {
-                finalize_rows<Op, Out><<<grid_of(ceil_div(outputs, kWarps)), kThreads, 0,
-                                         stream>>>(static_cast<const State *>(ws),
-                                                   static_cast<Out *>(d->dst), outputs, p.splits,
-                                                   d->len, mean);
-            }
-        }
-        return cudaGetLastError();
     }
+    return cudaGetLastError();
+}
 
+// Kernel 2 for a strided (or tiny) reduced axis: threads over outputs, the
+// axis split across blocks when there are few outputs.
+template <typename In, typename Op, typename Out>
+cudaError_t
+run_cols(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+{
+    using State = typename Op::State;
+    const int64_t outputs = d->outer * d->inner;
+    const int mean = d->op == CL_REDUCE_MEAN;
+    cudaError_t err;
     constexpr int V = ColsVec<In>::V;
     ColsParams p;
     p.src = d->src;
@@ -736,6 +742,22 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
             mean);
     }
     return cudaGetLastError();
+}
+
+template <typename In, typename Op, typename Out>
+cudaError_t
+run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+{
+    if (need != nullptr) {
+        *need = 0;
+    }
+    if (d->outer * d->inner <= 0) {
+        return cudaSuccess;
+    }
+    if (d->len_stride == 1 && d->len > 16) {
+        return run_rows<In, Op, Out>(d, ws, ws_bytes, need, stream);
+    }
+    return run_cols<In, Op, Out>(d, ws, ws_bytes, need, stream);
 }
 
 // ---- dispatch: (op, input dtype) -> the one natural (accumulator, output) ----
