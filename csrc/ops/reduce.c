@@ -590,7 +590,7 @@ log_softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject 
     "out : DeviceArray, optional\n"                                                             \
     "    Array of `a`'s shape and dtype to write into (may be `a` itself); returned.\n"        \
     "\nReturns\n-------\nDeviceArray\n"                                                         \
-    "    `a`'s shape and dtype (C-contiguous unless `out` is given). " returns "\n"             \
+    "    `a`'s shape and dtype (C-contiguous unless `out` is given).\n    " returns "\n"        \
     "\nRaises\n------\n"                                                                        \
     "TypeError\n"                                                                               \
     "    `a` or `out` is not a DeviceArray, `a` is not a float array, `out` has\n"             \
@@ -606,12 +606,12 @@ log_softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject 
 
 PyDoc_STRVAR(softmax_doc,
              SOFTMAX_DOC("softmax", "Softmax along one axis: ``exp(a - max) / sum(exp(a - max))``.",
-                         "Every slice along `axis`\n    sums to 1."));
+                         "Every slice along `axis` sums to 1."));
 PyDoc_STRVAR(log_softmax_doc,
              SOFTMAX_DOC("log_softmax",
                          "Log of the softmax along one axis: ``a - max - log(sum(exp(a - max)))``.",
-                         "Computed directly,\n    not as the log of softmax, so tiny "
-                         "probabilities keep their precision."));
+                         "Computed directly, not as the log of softmax, so\n"
+                         "    tiny probabilities keep their precision."));
 
 #define REDUCE_ENTRY_(ID, name, ...)                                                            \
     {name, (PyCFunction)(void (*)(void))reduce_##ID, METH_FASTCALL | METH_KEYWORDS,             \

@@ -30,7 +30,7 @@
       "    else the input's; float16/bfloat16 accumulate in float32.\n",                       \
       "Notes\n-----\n"                                                                         \
       "float32 is accumulated in float32 along short per-thread chains combined\n"             \
-      "by a tree, so the error stays close to pairwise summation. " CL_REDUCE_DETERMINISM)     \
+      "by a tree, so the error stays close to pairwise summation.\n" CL_REDUCE_DETERMINISM)   \
     X(MEAN, "mean", CL_REDUCE_KEEP, CL_FLOAT64, 1, NULL,                                       \
       "Arithmetic mean over all elements or one axis.",                                        \
       "    float64 for bool and integer input, else the input's dtype\n"                       \
