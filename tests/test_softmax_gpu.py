@@ -5,8 +5,8 @@ Random rows of odd lengths around the kernels' limits (a warp per row up to
 aligned), every axis (the strided-axis kernel and the axis-last copy), views
 (sliced, stepped, transposed, misaligned), every float dtype, large
 magnitudes, special values (-inf, +inf, NaN), out= (in place, strided,
-overlapping), determinism, the profiler record and the argument errors that
-need an array.
+overlapping), hypothesis-drawn views and axes, determinism, the profiler
+record and the argument errors that need an array.
 
 Tolerances (``|got - ref| <= atol + rtol * |ref|``): rtol is the dtype's
 rounding (half an ulp: float16 2**-11, bfloat16 2**-8, each with a margin)
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cudalab
 from _support import BF16, FLOAT_DTYPES, FLOAT_IDS, arg_error
@@ -186,6 +188,36 @@ def test_input_is_untouched(rng):
         for axis in (0, 1):
             getattr(cudalab, func)(d, axis=axis)
     np.testing.assert_array_equal(d.get(), x)
+
+
+@st.composite
+def view_case(draw):
+    """A random stepped, offset and permuted view of a random array, an axis,
+    a float dtype and whether to write in place."""
+    ndim = draw(st.integers(1, 4))
+    shape = tuple(draw(st.integers(1, 40 if ndim <= 2 else 12)) for _ in range(ndim))
+    slices = tuple(slice(draw(st.integers(0, n - 1)), None, draw(st.integers(1, 3)))
+                   for n in shape)
+    perm = tuple(draw(st.permutations(list(range(ndim)))))
+    axis = draw(st.integers(-ndim, ndim - 1))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    in_place = draw(st.booleans())
+    seed = draw(st.integers(0, 2**32 - 1))
+    return shape, slices, perm, axis, dtype, in_place, seed
+
+
+@settings(max_examples=60, deadline=None)
+@given(view_case())
+def test_hypothesis_views_and_axes(case):
+    shape, slices, perm, axis, dtype, in_place, seed = case
+    rng = np.random.default_rng(seed)
+    x = random_floats(rng, shape, dtype, scale=3.0)
+    xv = x[slices].transpose(perm)
+    for func in FUNCS:
+        d = cudalab.asarray(x)[slices].transpose(*perm)
+        got = getattr(cudalab, func)(d, axis=axis, out=d if in_place else None)
+        assert (got is d) == in_place
+        assert_matches(func, got, xv, axis)
 
 
 # ----------------------------------------------------- values and limits ---
