@@ -108,22 +108,19 @@ cudaError_t cl_elementwise(cl_ew_op op, cl_dtype dtype, void *out, const int64_t
 
 /* ---- reduce.cu ----------------------------------------------------------- */
 
-/* Reductions. Output element (o, i), stored C-contiguously at dst[o * inner + i],
- * combines the `len` elements src[o * outer_stride + r * len_stride + i * inner_stride]
+#include "ops/reduce_ops.h" /* CL_REDUCE_OPS: the table of reductions */
+
+/* Output element (o, i), stored C-contiguously at dst[o * inner + i], combines
+ * the `len` elements src[o * outer_stride + r * len_stride + i * inner_stride]
  * (element strides), r = 0 .. len-1. A reduction over everything of a dense
  * array is outer = inner = 1, len = size, len_stride = 1. len may be 0 for
  * SUM (gives 0) and MEAN (gives NaN); MAX/MIN/ARGMAX need len > 0 (checked by
  * the caller, as NumPy raises). ARGMAX gives the index along the reduced axis
  * (first occurrence on ties, first NaN if any). Results are bit-identical run
  * to run: no atomics, and the plan depends only on the layout and device. */
-typedef enum cl_reduce_op {
-    CL_REDUCE_SUM = 0,
-    CL_REDUCE_MEAN,
-    CL_REDUCE_MAX,
-    CL_REDUCE_MIN,
-    CL_REDUCE_ARGMAX,
-    CL_REDUCE_NUM_OPS
-} cl_reduce_op;
+#define CL_REDUCE_ENUM_(ID, ...) CL_REDUCE_##ID,
+typedef enum cl_reduce_op { CL_REDUCE_OPS(CL_REDUCE_ENUM_) CL_REDUCE_NUM_OPS } cl_reduce_op;
+#undef CL_REDUCE_ENUM_
 
 typedef struct cl_reduce_desc {
     cl_reduce_op op;
@@ -136,10 +133,8 @@ typedef struct cl_reduce_desc {
     int64_t len, len_stride;
 } cl_reduce_desc;
 
-/* The dtype the kernels produce for `op` on `src`: SUM -> int64 for bool and
- * integers, else src (float16/bfloat16 accumulate in float32); MEAN ->
- * float64 for bool and integers, else src; MAX/MIN -> src; ARGMAX -> int64.
- * -1 for an invalid op or dtype. Pure host code, no CUDA call. */
+/* The dtype the kernels produce for `op` on `src` (CL_REDUCE_OPS' on_float /
+ * on_int). -1 for an invalid op or dtype. Pure host code, no CUDA call. */
 int cl_reduce_result_dtype(cl_reduce_op op, cl_dtype src);
 
 /* Bytes of scratch cl_reduce needs for `desc` on the current device (0 when
@@ -169,6 +164,32 @@ typedef enum cl_transpose_method {
 cudaError_t cl_transpose_2d(void *dst, int64_t ld_dst, const void *src, int64_t src_stride0,
                             int64_t src_stride1, int64_t rows, int64_t cols, cl_dtype dtype,
                             int method, cudaStream_t stream);
+
+/* ---- softmax.cu ---------------------------------------------------------- */
+
+/* softmax (log = 0) or log_softmax (log = 1) along one axis of a float array
+ * (float16, bfloat16, float32, float64; src and dst of that one dtype). Row
+ * (o, i) is the `len` elements src[o * src_outer + r * src_len + i * src_inner],
+ * r = 0 .. len-1 (element strides, any sign), written to dst through the dst_*
+ * strides the same way. Numerically stable (the row maximum is subtracted);
+ * float16/bfloat16 accumulate in float32. A row holding +inf or NaN, or only
+ * -inf, gives NaN, as PyTorch does. dst may be exactly src (same pointer and
+ * strides: each row is read in full before it is written); any other overlap
+ * is the caller's to avoid. Unit len strides take the row kernels (a warp per
+ * row up to 1024 elements, else a block per row; 16-byte vector loads when
+ * every row is aligned); other layouts take the column kernel, which
+ * coalesces when the inner strides are 1. */
+typedef struct cl_softmax_desc {
+    int log;
+    cl_dtype dtype;
+    const void *src;
+    void *dst;
+    int64_t outer, inner, len;
+    int64_t src_outer, src_inner, src_len;
+    int64_t dst_outer, dst_inner, dst_len;
+} cl_softmax_desc;
+
+cudaError_t cl_softmax(const cl_softmax_desc *desc, cudaStream_t stream);
 
 /* ---- random.cu ----------------------------------------------------------- */
 

@@ -8,18 +8,13 @@ the GPU tier (an array needs a device).
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
 import cudalab
+from _support import arg_error
 
 OPS = ["sum", "mean", "max", "min", "argmax"]
-
-
-def arg_error(func: str, param: str) -> str:
-    return rf"^{re.escape(func)}\(\) argument '{re.escape(param)}': "
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -77,7 +72,8 @@ def test_no_dtype_parameter(op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("out", [np.zeros(()), 0, "out"])
 def test_out_must_be_device_array(op, out):
-    with pytest.raises(TypeError, match=arg_error(op, "out") + "expected None or a cudalab"):
+    with pytest.raises(TypeError, match=arg_error(op, "out") +
+                       "expected a cudalab.DeviceArray or None, got .*cudalab.asarray"):
         getattr(cudalab, op)(np.ones(3), out=out)
 
 
@@ -114,3 +110,19 @@ def test_valid_non_array_arguments_reach_the_array_check():
             getattr(cudalab, op)("not an array", **kwargs)
         with pytest.raises(TypeError, match=arg_error(op, "a")):
             getattr(cudalab, op)("not an array", axis=(0,), keepdims=[])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_signature_and_docstring_sections(op):
+    """Each function's text signature and numpydoc sections come from the op table."""
+    f = getattr(cudalab, op)
+    dtype = "dtype=None, " if op in ("sum", "mean") else ""
+    assert f.__text_signature__ == f"(a, axis=None, keepdims=False, {dtype}out=None)"
+    doc = f.__doc__
+    assert ("dtype : dtype-like" in doc) == (op in ("sum", "mean"))
+    for section in ("Parameters\n----------", "Returns\n-------"):
+        assert section in doc
+    if op in ("max", "min", "argmax"):
+        assert "Raises\n------\nValueError" in doc
+    else:
+        assert "bit-identical" in doc

@@ -98,8 +98,17 @@ def test_transpose_docstring_lists_every_method():
 
 @pytest.mark.parametrize("bad", [np.zeros((2, 2), np.float32), [[1, 2]], None, 3.0])
 def test_transpose_rejects_non_device_array(bad):
-    with pytest.raises(TypeError, match=arg_error("transpose", "a") + ".*DeviceArray"):
+    with pytest.raises(TypeError, match=arg_error("transpose", "a") +
+                       ": expected a cudalab.DeviceArray, got .*cudalab.asarray"):
         cudalab.transpose(bad)
+
+
+@pytest.mark.parametrize("method,exc", [("fast", ValueError), ("Best", ValueError),
+                                        (None, TypeError), (1, TypeError), (b"best", TypeError)])
+def test_transpose_method_checked_before_the_array(method, exc):
+    """The method needs no array, so it is checked first: testable without a GPU."""
+    with pytest.raises(exc, match=arg_error("transpose", "method")):
+        cudalab.transpose("not an array", method=method)
 
 
 def test_transpose_argument_count_and_keywords():

@@ -42,14 +42,23 @@ cl_op_array(cl_op *op, PyObject *obj, const char *param, DeviceArray **arr)
 }
 
 int
+cl_op_out_type(cl_op *op, PyObject *obj)
+{
+    if (obj == NULL || obj == Py_None || CL_IS_DEVICEARRAY(op->st, obj)) {
+        return 0;
+    }
+    return cl_expected_array_error(op->func, "out", obj, true);
+}
+
+int
 cl_op_out(cl_op *op, PyObject *obj, int ndim, const Py_ssize_t *shape, DeviceArray **out)
 {
     *out = NULL;
+    if (cl_op_out_type(op, obj) < 0) {
+        return -1;
+    }
     if (obj == NULL || obj == Py_None) {
         return 0;
-    }
-    if (!CL_IS_DEVICEARRAY(op->st, obj)) {
-        return cl_expected_array_error(op->func, "out", obj, true);
     }
     DeviceArray *o = (DeviceArray *)obj;
     bool same = o->ndim == ndim;

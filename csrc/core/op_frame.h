@@ -46,6 +46,10 @@ int cl_op_same_device(cl_op *op, const DeviceArray *a, const char *param);
  * `shape`, on the op's device; the caller checks its dtype with
  * cl_op_out_dtype (exact) or its own casting rule plus cl_op_out_cast_error. */
 int cl_op_out(cl_op *op, PyObject *obj, int ndim, const Py_ssize_t *shape, DeviceArray **out);
+/* The type check of out= alone (absent, None or a DeviceArray), for an op
+ * that checks out= before the operand its shape comes from, so that the
+ * error needs no array; cl_op_out repeats it. */
+int cl_op_out_type(cl_op *op, PyObject *obj);
 int cl_op_out_dtype(cl_op *op, const DeviceArray *out, cl_dtype result);
 int cl_op_out_cast_error(cl_op *op, cl_dtype result, cl_dtype out_dtype);
 

@@ -2,7 +2,7 @@
  * on the op frame (core/op_frame.h).
  *
  *   elementwise.c  element-wise ops and DeviceArray's number protocol
- *   reduce.c       sum, mean, max, min, argmax
+ *   reduce.c       sum, mean, max, min, argmax; softmax, log_softmax
  *   transpose.c    the teaching versions of the 2-D transpose
  *   random.c       the device RNG (Philox)
  *   matmul.c       cuBLAS / cuBLASLt GEMMs (matmul_plan.c: handles, plan cache)
@@ -15,7 +15,7 @@
 /* ---- compute ops (one file each; module.c adds every table) ---------------- */
 
 extern PyMethodDef cl_elementwise_methods[]; /* ops/elementwise.c */
-extern PyMethodDef cl_reduce_methods[];      /* ops/reduce.c */
+extern PyMethodDef cl_reduce_methods[];      /* ops/reduce.c (also softmax) */
 extern PyMethodDef cl_transpose_methods[];   /* ops/transpose.c */
 extern PyMethodDef cl_random_methods[];      /* ops/random.c */
 extern PyMethodDef cl_blas_methods[];        /* ops/matmul.c */

@@ -1,9 +1,14 @@
-/* Reductions: sum, mean, max, min, argmax over all elements or one axis.
+/* Reductions over all elements or one axis (sum, mean, max, min, argmax: the
+ * CL_REDUCE_OPS table of cuda/kernels.h), and softmax / log_softmax along one
+ * axis.
  *
- * Arguments are checked in full before the GPU is touched (the non-array
- * arguments first, so that their errors can be tested without a device).
- * The reduction is then described to cuda/reduce.cu as a 3-D problem
- * (outer, reduced, inner; see cl_reduce_desc): a reduction over one axis of a
+ * Every entry point runs on the op frame (core/op_frame.h) in three steps:
+ * parse (every argument checked before the GPU is touched, the non-array
+ * ones first, so that their errors can be tested without a device), plan
+ * (result shape and dtypes, out=), run (on the device).
+ *
+ * A reduction is described to cuda/reduce.cu as a 3-D problem (outer,
+ * reduced, inner; see cl_reduce_desc): a reduction over one axis of a
  * C-contiguous array, along any axis, and of most views (.T, slices) maps
  * onto it without a copy; other layouts are first made C-contiguous.
  *
@@ -11,26 +16,123 @@
  * int64 (NumPy gives uint64 for uint8; we have no uint64 and give int64), mean
  * of bool and integers -> float64, float16/bfloat16 accumulate in float32 and
  * return their own dtype. `dtype=` casts the input to that dtype first and
- * returns that dtype, as NumPy does. */
+ * returns that dtype, as NumPy does. out= takes the result cast to its dtype. */
 #include "cudalab.h"
 
+#define AXIS_ALL (-1)
+
+/* ---- layout helpers shared by the reductions and softmax ------------------- */
+
+static void
+element_strides(const DeviceArray *a, Py_ssize_t *strides)
+{
+    Py_ssize_t item = (Py_ssize_t)cl_itemsize(a->dtype);
+    for (int i = 0; i < a->ndim; i++) {
+        strides[i] = a->strides[i] / item;
+    }
+}
+
+static int
+normalize_axis(const char *func, Py_ssize_t value, int ndim, int *axis)
+{
+    if (value < -ndim || value >= ndim) {
+        return cl_arg_error(PyExc_ValueError, func, "axis",
+                            "axis %zd is out of bounds for array of dimension %d", value, ndim);
+    }
+    *axis = (int)(value < 0 ? value + ndim : value);
+    return 0;
+}
+
+/* The axes other than the one an op runs along, as at most two groups
+ * (outer, inner) of one or two arrays of the same shape. */
+typedef struct axis_groups {
+    int n;
+    Py_ssize_t shape[CL_MAX_NDIM];
+    Py_ssize_t stride[2][CL_MAX_NDIM]; /* elements, per array */
+} axis_groups;
+
+/* Axes of `shape` other than `skip`, in order, unit extents dropped and
+ * neighbours merged where the outer steps exactly over the inner in each of
+ * the `nsets` stride sets (elements). A zero extent gives one empty group. */
+static void
+group_axes(int ndim, const Py_ssize_t *shape, int skip, int nsets,
+           Py_ssize_t strides[][CL_MAX_NDIM], axis_groups *g)
+{
+    g->n = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (i == skip || shape[i] == 1) {
+            continue;
+        }
+        if (shape[i] == 0) { /* nothing will be read */
+            g->n = 1;
+            g->shape[0] = 0;
+            g->stride[0][0] = g->stride[1][0] = 0;
+            return;
+        }
+        bool merge = g->n > 0;
+        for (int s = 0; merge && s < nsets; s++) {
+            merge = g->stride[s][g->n - 1] == strides[s][i] * shape[i];
+        }
+        int k = merge ? g->n - 1 : g->n++;
+        g->shape[k] = merge ? g->shape[k] * shape[i] : shape[i];
+        for (int s = 0; s < nsets; s++) {
+            g->stride[s][k] = strides[s][i];
+        }
+    }
+}
+
+/* outer x inner (with set `s`'s strides) from at most two groups. */
+static bool
+groups_2d(const axis_groups *g, int s, int64_t *outer, int64_t *outer_stride, int64_t *inner,
+          int64_t *inner_stride)
+{
+    *outer = *inner = 1;
+    *outer_stride = 0;
+    *inner_stride = 1;
+    if (g->n > 2) {
+        return false;
+    }
+    if (g->n >= 1) {
+        *inner = g->shape[g->n - 1];
+        *inner_stride = g->stride[s][g->n - 1];
+    }
+    if (g->n == 2) {
+        *outer = g->shape[0];
+        *outer_stride = g->stride[s][0];
+    }
+    return true;
+}
+
+/* ---- reductions ------------------------------------------------------------ */
+
 typedef struct reduce_spec {
-    const char *func;       /* public name, for messages */
+    const char *func;  /* public name, for messages */
     cl_reduce_op op;
-    bool has_dtype;         /* takes dtype= */
-    const char *empty_text; /* the ValueError for an empty reduction, NULL if it has an identity */
+    bool takes_dtype;  /* has dtype= */
+    const char *empty; /* the ValueError for an empty reduction, NULL if it has an identity */
 } reduce_spec;
 
-static const reduce_spec SPEC_SUM = {"sum", CL_REDUCE_SUM, true, NULL};
-static const reduce_spec SPEC_MEAN = {"mean", CL_REDUCE_MEAN, true, NULL};
-static const reduce_spec SPEC_MAX = {
-    "max", CL_REDUCE_MAX, false, "zero-size array to reduction operation maximum which has no identity"};
-static const reduce_spec SPEC_MIN = {
-    "min", CL_REDUCE_MIN, false, "zero-size array to reduction operation minimum which has no identity"};
-static const reduce_spec SPEC_ARGMAX = {"argmax", CL_REDUCE_ARGMAX, false,
-                                        "attempt to get argmax of an empty sequence"};
+#define REDUCE_SPEC_(ID, name, on_float, on_int, takes_dtype, empty, ...)                       \
+    [CL_REDUCE_##ID] = {name, CL_REDUCE_##ID, takes_dtype, empty},
+static const reduce_spec reduce_specs[CL_REDUCE_NUM_OPS] = {CL_REDUCE_OPS(REDUCE_SPEC_)};
 
-#define AXIS_ALL (-1)
+/* One call: its arguments (parse) and what it computes (plan). */
+typedef struct reduce_call {
+    const reduce_spec *spec;
+    cl_op op;
+    DeviceArray *a, *out;
+    PyObject *out_obj;
+    int axis; /* AXIS_ALL or in [0, a->ndim) */
+    bool keepdims;
+    bool have_dtype;
+    cl_dtype want; /* dtype=, when have_dtype */
+    int rndim;     /* the result */
+    Py_ssize_t rshape[CL_MAX_NDIM];
+    Py_ssize_t outputs, len;
+    cl_dtype kdtype; /* what the kernels read (a is cast to it first when it differs) */
+    cl_dtype nat;    /* what the kernels write */
+    cl_dtype final;  /* the result's dtype */
+} reduce_call;
 
 /* axis: None, an int, or a 1-tuple/list holding an int. Range is checked later. */
 static int
@@ -52,34 +154,76 @@ parse_axis(PyObject *obj, const char *func, bool *all, Py_ssize_t *axis)
     return cl_parse_index(obj, func, "axis", axis);
 }
 
-/* Lowest and one-past-highest byte of an array's elements (size > 0). */
-static void
-byte_extent(const DeviceArray *a, uintptr_t *lo, uintptr_t *hi)
+static int
+reduce_parse(reduce_call *rc, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    intptr_t min_off = 0, max_off = 0;
-    for (int i = 0; i < a->ndim; i++) {
-        intptr_t span = (intptr_t)(a->shape[i] - 1) * (intptr_t)a->strides[i];
-        if (span < 0) {
-            min_off += span;
-        }
-        else {
-            max_off += span;
-        }
+    static const char *const names_dtype[] = {"a", "axis", "keepdims", "dtype", "out", NULL};
+    static const char *const names_plain[] = {"a", "axis", "keepdims", "out", NULL};
+    const bool takes_dtype = rc->spec->takes_dtype;
+    const char *func = rc->op.func;
+    PyObject *argv[5];
+    if (cl_parse_args(func, args, nargs, kwnames, takes_dtype ? names_dtype : names_plain, 1,
+                      argv) < 0) {
+        return -1;
     }
-    *lo = (uintptr_t)a->data + (uintptr_t)min_off;
-    *hi = (uintptr_t)a->data + (uintptr_t)max_off + cl_itemsize(a->dtype);
+    PyObject *dtype_obj = takes_dtype ? argv[3] : NULL;
+    rc->out_obj = takes_dtype ? argv[4] : argv[3];
+    bool all;
+    Py_ssize_t axis = 0;
+    if (parse_axis(argv[1], func, &all, &axis) < 0) {
+        return -1;
+    }
+    rc->keepdims = false;
+    if (argv[2] != NULL) {
+        int truth = PyObject_IsTrue(argv[2]);
+        if (truth < 0) {
+            return -1;
+        }
+        rc->keepdims = truth;
+    }
+    rc->have_dtype = dtype_obj != NULL && dtype_obj != Py_None;
+    if (rc->have_dtype && cl_dtype_converter(rc->op.st, dtype_obj, func, "dtype", &rc->want) < 0) {
+        return -1;
+    }
+    if (cl_op_out_type(&rc->op, rc->out_obj) < 0 ||
+        cl_op_array(&rc->op, argv[0], "a", &rc->a) < 0) {
+        return -1;
+    }
+    rc->axis = AXIS_ALL;
+    return all ? 0 : normalize_axis(func, axis, rc->a->ndim, &rc->axis);
 }
 
-static bool
-overlaps(const DeviceArray *a, const DeviceArray *b)
+/* Result shape and dtypes, the empty-reduction error, out=. */
+static int
+reduce_plan(reduce_call *rc)
 {
-    if (cl_array_size(a) == 0 || cl_array_size(b) == 0) {
-        return false;
+    const DeviceArray *a = rc->a;
+    const bool all = rc->axis == AXIS_ALL;
+    rc->rndim = 0;
+    rc->outputs = 1;
+    rc->len = all ? cl_array_size(a) : a->shape[rc->axis];
+    for (int i = 0; i < a->ndim; i++) {
+        if (all || i == rc->axis) {
+            if (rc->keepdims) {
+                rc->rshape[rc->rndim++] = 1;
+            }
+            continue;
+        }
+        rc->rshape[rc->rndim++] = a->shape[i];
+        rc->outputs *= a->shape[i];
     }
-    uintptr_t alo, ahi, blo, bhi;
-    byte_extent(a, &alo, &ahi);
-    byte_extent(b, &blo, &bhi);
-    return alo < bhi && blo < ahi;
+    if (rc->spec->empty != NULL && rc->len == 0 && rc->outputs > 0) {
+        return cl_arg_error(PyExc_ValueError, rc->op.func, "a", "%s", rc->spec->empty);
+    }
+    /* dtype= asking for another result than the natural one casts the input. */
+    cl_reduce_op op = rc->spec->op;
+    rc->kdtype = a->dtype;
+    if (rc->have_dtype && cl_reduce_result_dtype(op, a->dtype) != (int)rc->want) {
+        rc->kdtype = rc->want;
+    }
+    rc->nat = (cl_dtype)cl_reduce_result_dtype(op, rc->kdtype);
+    rc->final = rc->have_dtype ? rc->want : rc->nat;
+    return cl_op_out(&rc->op, rc->out_obj, rc->rndim, rc->rshape, &rc->out);
 }
 
 /* Describe reducing `a` over `axis` (AXIS_ALL: everything) as outer x len x
@@ -88,364 +232,394 @@ overlaps(const DeviceArray *a, const DeviceArray *b)
 static bool
 describe(const DeviceArray *a, int axis, bool c_order, cl_reduce_desc *d)
 {
-    Py_ssize_t item = (Py_ssize_t)cl_itemsize(a->dtype);
     Py_ssize_t n = cl_array_size(a);
     d->src = a->data;
-    d->outer = d->inner = 1;
-    d->outer_stride = 0;
-    d->inner_stride = 1;
     d->len_stride = 1;
     if (axis == AXIS_ALL) {
+        axis_groups none = {.n = 0};
+        (void)groups_2d(&none, 0, &d->outer, &d->outer_stride, &d->inner, &d->inner_stride);
         d->len = n;
-        if (n <= 1) {
-            return true;
-        }
         /* Any dense layout is one contiguous run, except that argmax's flat
          * index must count in C order. */
-        return c_order ? cl_is_c_contiguous(a) : cl_is_dense(a);
+        return n <= 1 || (c_order ? cl_is_c_contiguous(a) : cl_is_dense(a));
     }
+    Py_ssize_t strides[1][CL_MAX_NDIM];
+    element_strides(a, strides[0]);
     d->len = a->shape[axis];
     if (d->len > 1) {
-        d->len_stride = a->strides[axis] / item;
+        d->len_stride = a->strides[axis] / (Py_ssize_t)cl_itemsize(a->dtype);
     }
-    /* The other axes, in order, unit extents dropped, neighbours merged where
-     * one steps exactly over the other. At most two groups fit. */
-    Py_ssize_t gshape[CL_MAX_NDIM], gstride[CL_MAX_NDIM];
-    int groups = 0;
-    for (int i = 0; i < a->ndim; i++) {
-        if (i == axis || a->shape[i] == 1) {
-            continue;
+    axis_groups g;
+    group_axes(a->ndim, a->shape, axis, 1, strides, &g);
+    return groups_2d(&g, 0, &d->outer, &d->outer_stride, &d->inner, &d->inner_stride);
+}
+
+/* Scratch for the partials, then the kernels. */
+static int
+reduce_launch(cl_op *op, const cl_reduce_desc *d, DeviceArray **ws)
+{
+    size_t bytes = 0;
+    CL_CUDA_CHECK(op->st, cl_reduce_workspace(d, &bytes));
+    if (bytes > 0) {
+        Py_ssize_t shape[1] = {(Py_ssize_t)bytes};
+        *ws = cl_op_new(op, 1, shape, NULL, CL_UINT8);
+        if (*ws == NULL) {
+            return -1;
         }
-        if (a->shape[i] == 0) { /* no outputs: nothing will be read */
-            d->outer = 0;
-            return true;
+    }
+    CL_CUDA_CHECK(op->st, cl_reduce(d, *ws != NULL ? (*ws)->data : NULL, bytes, op->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+/* The kernels wrote `tmp` (NULL: straight into out): cast it to the result
+ * dtype and copy it into out. Returns the result (a new reference). */
+static PyObject *
+reduce_finish(reduce_call *rc, DeviceArray *tmp)
+{
+    cl_state *st = rc->op.st;
+    if (tmp == NULL) {
+        return Py_NewRef(rc->out);
+    }
+    DeviceArray *result = (DeviceArray *)Py_NewRef(tmp);
+    if (rc->final != rc->nat) {
+        Py_SETREF(result, cl_array_contiguous_copy(st, rc->op.func, tmp, rc->final));
+        if (result == NULL) {
+            return NULL;
         }
-        Py_ssize_t stride = a->strides[i] / item;
-        if (groups > 0 && gstride[groups - 1] == stride * a->shape[i]) {
-            gshape[groups - 1] *= a->shape[i];
-            gstride[groups - 1] = stride;
-            continue;
+    }
+    if (rc->out == NULL) {
+        return (PyObject *)result;
+    }
+    int status = cl_array_copy_into(st, rc->out, result);
+    Py_DECREF(result);
+    return status < 0 ? NULL : Py_NewRef(rc->out);
+}
+
+static PyObject *
+reduce_run(reduce_call *rc)
+{
+    cl_op *op = &rc->op;
+    DeviceArray *a = rc->a, *out = rc->out;
+    DeviceArray *copy = NULL, *tmp = NULL, *ws = NULL;
+    PyObject *result = NULL;
+    cl_op_use(op, a);
+    cl_op_use(op, out);
+    const bool c_order = rc->spec->op == CL_REDUCE_ARGMAX;
+    cl_reduce_desc d;
+    if (rc->kdtype != a->dtype || !describe(a, rc->axis, c_order, &d)) {
+        copy = cl_array_contiguous_copy(op->st, op->func, a, rc->kdtype);
+        if (copy == NULL) {
+            goto done;
         }
-        gshape[groups] = a->shape[i];
-        gstride[groups] = stride;
-        groups++;
+        (void)describe(copy, rc->axis, c_order, &d);
     }
-    if (groups > 2) {
-        return false;
+    d.op = rc->spec->op;
+    d.src_dtype = rc->kdtype;
+    d.dst_dtype = rc->nat;
+    /* Write straight into `out` when it is exactly what the kernels produce. */
+    if (out != NULL && rc->final == rc->nat && out->dtype == rc->nat && cl_is_c_contiguous(out) &&
+        !cl_arrays_overlap(out, copy != NULL ? copy : a)) {
+        d.dst = out->data;
     }
-    if (groups >= 1) {
-        d->inner = gshape[groups - 1];
-        d->inner_stride = gstride[groups - 1];
+    else {
+        tmp = cl_op_new(op, rc->rndim, rc->rshape, NULL, rc->nat);
+        if (tmp == NULL) {
+            goto done;
+        }
+        d.dst = tmp->data;
     }
-    if (groups == 2) {
-        d->outer = gshape[0];
-        d->outer_stride = gstride[0];
+    if (reduce_launch(op, &d, &ws) == 0) {
+        result = reduce_finish(rc, tmp);
     }
-    return true;
+done:
+    /* The pool frees on the stream, after the kernels that use these. */
+    Py_XDECREF(ws);
+    Py_XDECREF(tmp);
+    Py_XDECREF(copy);
+    return result;
 }
 
 static PyObject *
 reduce_impl(PyObject *module, const reduce_spec *spec, PyObject *const *args, Py_ssize_t nargs,
             PyObject *kwnames)
 {
-    static const char *const names_dtype[] = {"a", "axis", "keepdims", "dtype", "out", NULL};
-    static const char *const names_plain[] = {"a", "axis", "keepdims", "out", NULL};
-    const char *func = spec->func;
-    cl_state *st = cl_state_from_module(module);
-    PyObject *argv[5];
-    if (cl_parse_args(func, args, nargs, kwnames, spec->has_dtype ? names_dtype : names_plain, 1,
-                      argv) < 0) {
+    reduce_call rc = {.spec = spec};
+    cl_op_init(&rc.op, cl_state_from_module(module), spec->func);
+    if (reduce_parse(&rc, args, nargs, kwnames) < 0 || reduce_plan(&rc) < 0 ||
+        cl_op_begin(&rc.op) < 0) {
         return NULL;
     }
-    PyObject *axis_obj = argv[1];
-    PyObject *keepdims_obj = argv[2];
-    PyObject *dtype_obj = spec->has_dtype ? argv[3] : NULL;
-    PyObject *out_obj = spec->has_dtype ? argv[4] : argv[3];
-
-    /* ---- arguments that need no array ---- */
-    bool all;
-    Py_ssize_t axis_value = 0;
-    if (parse_axis(axis_obj, func, &all, &axis_value) < 0) {
-        return NULL;
+    PyObject *result = reduce_run(&rc);
+    if (!CL_OP_PROFILING(&rc.op)) {
+        return cl_op_end(&rc.op, result, NULL);
     }
-    bool keepdims = false;
-    if (keepdims_obj != NULL) {
-        int truth = PyObject_IsTrue(keepdims_obj);
-        if (truth < 0) {
-            return NULL;
-        }
-        keepdims = truth;
-    }
-    bool have_dtype = dtype_obj != NULL && dtype_obj != Py_None;
-    cl_dtype want = CL_FLOAT32;
-    if (have_dtype && cl_dtype_converter(st, dtype_obj, func, "dtype", &want) < 0) {
-        return NULL;
-    }
-    DeviceArray *out = NULL;
-    if (out_obj != NULL && out_obj != Py_None) {
-        if (!CL_IS_DEVICEARRAY(st, out_obj)) {
-            return cl_arg_error(PyExc_TypeError, func, "out",
-                                "expected None or a cudalab.DeviceArray, got %.100s",
-                                Py_TYPE(out_obj)->tp_name),
-                   NULL;
-        }
-        out = (DeviceArray *)out_obj;
-    }
-    if (!CL_IS_DEVICEARRAY(st, argv[0])) {
-        return cl_arg_error(PyExc_TypeError, func, "a", "expected a cudalab.DeviceArray, got %.100s",
-                            Py_TYPE(argv[0])->tp_name),
-               NULL;
-    }
-    DeviceArray *a = (DeviceArray *)argv[0];
-
-    /* ---- arguments checked against the array ---- */
-    int axis = AXIS_ALL;
-    if (!all) {
-        if (axis_value < -a->ndim || axis_value >= a->ndim) {
-            return cl_arg_error(PyExc_ValueError, func, "axis",
-                                "axis %zd is out of bounds for array of dimension %d",
-                                axis_value, a->ndim),
-                   NULL;
-        }
-        axis = (int)(axis_value < 0 ? axis_value + a->ndim : axis_value);
-    }
-    int rndim = 0;
-    Py_ssize_t rshape[CL_MAX_NDIM];
-    Py_ssize_t routputs = 1, rlen = all ? cl_array_size(a) : a->shape[axis];
-    for (int i = 0; i < a->ndim; i++) {
-        if (all || i == axis) {
-            if (keepdims) {
-                rshape[rndim++] = 1;
-            }
-            continue;
-        }
-        rshape[rndim++] = a->shape[i];
-        routputs *= a->shape[i];
-    }
-    if (spec->empty_text != NULL && rlen == 0 && routputs > 0) {
-        return cl_arg_error(PyExc_ValueError, func, "a", "%s", spec->empty_text), NULL;
-    }
-    /* The dtype the kernels work in (the input is cast to it when dtype= asks
-     * for another result than the natural one) and the final result dtype. */
-    cl_dtype kdtype = a->dtype;
-    if (have_dtype && cl_reduce_result_dtype(spec->op, a->dtype) != (int)want) {
-        kdtype = want;
-    }
-    cl_dtype nat = (cl_dtype)cl_reduce_result_dtype(spec->op, kdtype);
-    cl_dtype final_dtype = have_dtype ? want : nat;
-    if (out != NULL) {
-        bool same = out->ndim == rndim;
-        for (int i = 0; same && i < rndim; i++) {
-            same = out->shape[i] == rshape[i];
-        }
-        if (!same) {
-            PyObject *want_shape = cl_shape_tuple(rndim, rshape);
-            PyObject *got_shape = cl_shape_tuple(out->ndim, out->shape);
-            if (want_shape != NULL && got_shape != NULL) {
-                cl_arg_error(PyExc_ValueError, func, "out",
-                             "expected shape %R for the result, got %R", want_shape, got_shape);
-            }
-            Py_XDECREF(want_shape);
-            Py_XDECREF(got_shape);
-            return NULL;
-        }
-        if (out->device != a->device) {
-            return cl_arg_error(PyExc_ValueError, func, "out",
-                                "is on device %d but the input is on device %d", out->device,
-                                a->device),
-                   NULL;
-        }
-    }
-    if (cl_require_device(st, func) < 0) {
-        return NULL;
-    }
-
-    /* ---- compute, on a's device ---- */
-    int previous;
-    if (cl_device_enter(st, a->device, &previous) < 0) {
-        return NULL;
-    }
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, func, a->device);
-    PyObject *result = NULL;
-    DeviceArray *src = (DeviceArray *)Py_NewRef(a);
-    DeviceArray *tmp = NULL, *ws = NULL, *cast = NULL;
-    cl_reduce_desc d;
-    cudaStream_t stream = cl_current_stream(st);
-    cl_array_note_stream(a, stream); /* stream-safe frees (record_stream) */
-    if (out != NULL) cl_array_note_stream(out, stream);
-    bool c_order = spec->op == CL_REDUCE_ARGMAX;
-
-    if (kdtype != a->dtype || !describe(src, axis, c_order, &d)) {
-        Py_SETREF(src, cl_array_contiguous_copy(st, func, a, kdtype));
-        if (src == NULL) {
-            goto done;
-        }
-        (void)describe(src, axis, c_order, &d);
-    }
-    d.op = spec->op;
-    d.src_dtype = kdtype;
-    d.dst_dtype = nat;
-    /* Write straight into `out` when it is exactly what the kernel produces. */
-    if (out != NULL && final_dtype == nat && out->dtype == nat && cl_is_c_contiguous(out) &&
-        !overlaps(out, src)) {
-        d.dst = out->data;
-    }
-    else {
-        tmp = cl_array_new(st, func, rndim, rshape, NULL, nat);
-        if (tmp == NULL) {
-            goto done;
-        }
-        d.dst = tmp->data;
-    }
-    size_t ws_bytes = 0;
-    CL_CUDA_CHECK(st, cl_reduce_workspace(&d, &ws_bytes));
-    if (ws_bytes > 0) {
-        Py_ssize_t ws_shape[1] = {(Py_ssize_t)ws_bytes};
-        ws = cl_array_new(st, func, 1, ws_shape, NULL, CL_UINT8);
-        if (ws == NULL) {
-            goto done;
-        }
-    }
-    CL_CUDA_CHECK(st, cl_reduce(&d, ws == NULL ? NULL : ws->data, ws_bytes, stream));
-
-    if (tmp == NULL) {
-        result = Py_NewRef(out);
-        goto done;
-    }
-    if (final_dtype != nat) {
-        cast = cl_array_contiguous_copy(st, func, tmp, final_dtype);
-        if (cast == NULL) {
-            goto done;
-        }
-        Py_SETREF(tmp, cast);
-        cast = NULL;
-    }
-    if (out != NULL) {
-        if (cl_array_copy_into(st, out, tmp) < 0) {
-            goto done;
-        }
-        result = Py_NewRef(out);
-    }
-    else {
-        result = Py_NewRef(tmp);
-    }
-    goto done;
-fail:
-    Py_CLEAR(result);
-done:
-    if (CL_PROF_ACTIVE(&ps)) {
-        /* Bytes: the input read once and the result written once. FLOPs:
-         * one add per input element for sum and mean of floats. */
-        bool adds = spec->op == CL_REDUCE_SUM || spec->op == CL_REDUCE_MEAN;
-        bool floats = kdtype == CL_FLOAT16 || kdtype == CL_BFLOAT16 || kdtype == CL_FLOAT32 ||
-                      kdtype == CL_FLOAT64;
-        cl_prof_info info = {
-            .dtype = (int)kdtype,
-            .bytes = cl_prof_nbytes(a) + (int64_t)routputs * (int64_t)cl_itemsize(final_dtype),
-            .flops = adds && floats ? (int64_t)cl_array_size(a) : -1,
-            .ninputs = 1,
-            .inputs = {a},
-            .out_ndim = rndim,
-            .out_shape = rshape,
-        };
-        cl_prof_end(st, &ps, result != NULL ? &info : NULL);
-    }
-    /* The pool frees on the stream, after the kernels that use these. */
-    Py_XDECREF(ws);
-    Py_XDECREF(tmp);
-    Py_XDECREF(cast);
-    Py_XDECREF(src);
-    cl_device_exit(a->device, previous);
-    return result;
+    /* Bytes: the input read once and the result written once. FLOPs: one add
+     * per input element for sum and mean of floats. */
+    const bool adds = spec->op == CL_REDUCE_SUM || spec->op == CL_REDUCE_MEAN;
+    const cl_prof_info info = {
+        .dtype = (int)rc.kdtype,
+        .bytes = cl_prof_nbytes(rc.a) + (int64_t)rc.outputs * (int64_t)cl_itemsize(rc.final),
+        .flops = adds && cl_dtype_is_float(rc.kdtype) ? (int64_t)cl_array_size(rc.a) : -1,
+        .ninputs = 1,
+        .inputs = {rc.a},
+        .out_ndim = rc.rndim,
+        .out_shape = rc.rshape,
+    };
+    return cl_op_end(&rc.op, result, &info);
 }
 
-#define REDUCE_FUNC(cname, spec)                                                                \
-    static PyObject *cname(PyObject *module, PyObject *const *args, Py_ssize_t nargs,          \
-                           PyObject *kwnames)                                                   \
+#define REDUCE_FUNC_(ID, ...)                                                                   \
+    static PyObject *reduce_##ID(PyObject *module, PyObject *const *args, Py_ssize_t nargs,    \
+                                 PyObject *kwnames)                                             \
     {                                                                                           \
-        return reduce_impl(module, &spec, args, nargs, kwnames);                                \
+        return reduce_impl(module, &reduce_specs[CL_REDUCE_##ID], args, nargs, kwnames);       \
     }
+CL_REDUCE_OPS(REDUCE_FUNC_)
 
-REDUCE_FUNC(reduce_sum, SPEC_SUM)
-REDUCE_FUNC(reduce_mean, SPEC_MEAN)
-REDUCE_FUNC(reduce_max, SPEC_MAX)
-REDUCE_FUNC(reduce_min, SPEC_MIN)
-REDUCE_FUNC(reduce_argmax, SPEC_ARGMAX)
+/* Docstrings: the table's pieces around the parameters every reduction shares. */
+#define REDUCE_SIG_0 ""
+#define REDUCE_SIG_1 ", dtype=None"
+#define REDUCE_DTYPE_DOC_0 ""
+#define REDUCE_DTYPE_DOC_1                                                                      \
+    "dtype : dtype-like, optional\n"                                                            \
+    "    Cast the input to this dtype, reduce, and return this dtype.\n"
 
-#define COMMON_PARAMS                                                                           \
+#define REDUCE_DOC_(ID, name, on_float, on_int, takes_dtype, empty, summary, returns, tail)    \
+    PyDoc_STRVAR(reduce_##ID##_doc,                                                            \
+        name "(a, axis=None, keepdims=False" REDUCE_SIG_##takes_dtype ", out=None)\n--\n\n"    \
+        summary "\n\n"                                                                          \
+        "Parameters\n----------\n"                                                              \
+        "a : DeviceArray\n"                                                                     \
+        "axis : int or None, optional\n"                                                        \
+        "    The axis to reduce (negative counts from the end; a 1-tuple is accepted).\n"       \
+        "    None (default) reduces over all elements.\n"                                       \
+        "keepdims : bool, optional\n"                                                           \
+        "    Keep reduced axes with extent 1, so the result broadcasts against `a`.\n"          \
+        REDUCE_DTYPE_DOC_##takes_dtype                                                          \
+        "out : DeviceArray, optional\n"                                                         \
+        "    Array of the result's shape to write into (cast to its dtype); returned.\n"        \
+        "\nReturns\n-------\nDeviceArray\n" returns "\n" tail);
+CL_REDUCE_OPS(REDUCE_DOC_)
+
+/* ---- softmax, log_softmax ---------------------------------------------------
+ *
+ * Along one axis of a float array, through cuda/softmax.cu. The kernels read
+ * the array through its strides when the other axes fold into (outer, inner)
+ * for both the input and the result and the layout suits a kernel (the axis
+ * contiguous, or the inner axes contiguous and at least a warp wide); any
+ * other layout, and an out= overlapping `a` other than exactly, goes through
+ * a C-contiguous copy with the axis last, computed in place and copied back. */
+
+typedef struct softmax_call {
+    cl_op op;
+    bool log;
+    DeviceArray *a, *out;
+    int axis;
+} softmax_call;
+
+static int
+softmax_parse(softmax_call *sc, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"a", "axis", "out", NULL};
+    const char *func = sc->op.func;
+    PyObject *argv[3];
+    Py_ssize_t axis = -1;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0 ||
+        (argv[1] != NULL && cl_parse_index(argv[1], func, "axis", &axis) < 0) ||
+        cl_op_out_type(&sc->op, argv[2]) < 0 || cl_op_array(&sc->op, argv[0], "a", &sc->a) < 0) {
+        return -1;
+    }
+    const DeviceArray *a = sc->a;
+    if (!cl_dtype_is_float(a->dtype)) {
+        return cl_arg_error(PyExc_TypeError, func, "a",
+                            "expected a float16, bfloat16, float32 or float64 array, got %s",
+                            cl_dtype_name(a->dtype));
+    }
+    if (normalize_axis(func, axis, a->ndim, &sc->axis) < 0 ||
+        cl_op_out(&sc->op, argv[2], a->ndim, a->shape, &sc->out) < 0) {
+        return -1;
+    }
+    return cl_op_out_dtype(&sc->op, sc->out, a->dtype);
+}
+
+/* Fill `d` for reading `a` and writing `dst` directly; false when their
+ * layouts do not fold into (outer, len, inner) together or suit no kernel. */
+static bool
+softmax_describe(const DeviceArray *a, const DeviceArray *dst, int axis, cl_softmax_desc *d)
+{
+    Py_ssize_t strides[2][CL_MAX_NDIM];
+    element_strides(a, strides[0]);
+    element_strides(dst, strides[1]);
+    axis_groups g;
+    group_axes(a->ndim, a->shape, axis, 2, strides, &g);
+    if (!groups_2d(&g, 0, &d->outer, &d->src_outer, &d->inner, &d->src_inner) ||
+        !groups_2d(&g, 1, &d->outer, &d->dst_outer, &d->inner, &d->dst_inner)) {
+        return false;
+    }
+    d->src = a->data;
+    d->dst = dst->data;
+    d->len = a->shape[axis];
+    d->src_len = d->len > 1 ? strides[0][axis] : 1;
+    d->dst_len = d->len > 1 ? strides[1][axis] : 1;
+    if (d->src_len == 1 && d->dst_len == 1) {
+        return true; /* the row kernels */
+    }
+    /* The column kernel: a warp reads 32 neighbouring rows at each position. */
+    return d->src_inner == 1 && d->dst_inner == 1 && d->inner >= 32;
+}
+
+/* `a` copied C-contiguously with `axis` last, softmax in place, copied into dst. */
+static int
+softmax_axis_last(cl_op *op, const DeviceArray *a, int axis, DeviceArray *dst,
+                  cl_softmax_desc *d)
+{
+    const int nd = a->ndim;
+    Py_ssize_t shape[CL_MAX_NDIM], strides[CL_MAX_NDIM], back[CL_MAX_NDIM];
+    int k = 0;
+    for (int i = 0; i <= nd; i++) {
+        int from = i < nd ? i : axis; /* the other axes in order, then the axis */
+        if (i < nd && i == axis) {
+            continue;
+        }
+        shape[k] = a->shape[from];
+        strides[k++] = a->strides[from];
+    }
+    DeviceArray *view = cl_array_view(op->st, (DeviceArray *)a, a->data, nd, shape, strides);
+    DeviceArray *tmp = view == NULL ? NULL
+                                    : cl_array_contiguous_copy(op->st, op->func, view, a->dtype);
+    Py_XDECREF(view);
+    if (tmp == NULL) {
+        return -1;
+    }
+    for (int i = 0, j = 0; i < nd; i++) { /* tmp's strides in a's axis order */
+        back[i] = i == axis ? tmp->strides[nd - 1] : tmp->strides[j++];
+    }
+    d->src = d->dst = tmp->data;
+    d->len = a->shape[axis];
+    d->outer = 1;
+    d->inner = cl_array_size(a) / d->len;
+    d->src_outer = d->dst_outer = 0;
+    d->src_inner = d->dst_inner = d->len;
+    d->src_len = d->dst_len = 1;
+    int status = -1;
+    CL_CUDA_CHECK(op->st, cl_softmax(d, op->stream));
+    view = cl_array_view(op->st, tmp, tmp->data, nd, a->shape, back);
+    status = view == NULL ? -1 : cl_array_copy_into(op->st, dst, view);
+    Py_XDECREF(view);
+fail:
+    Py_DECREF(tmp); /* freed on the stream, after the work that reads it */
+    return status;
+}
+
+static PyObject *
+softmax_run(softmax_call *sc)
+{
+    cl_op *op = &sc->op;
+    const DeviceArray *a = sc->a;
+    DeviceArray *result = sc->out != NULL
+                              ? (DeviceArray *)Py_NewRef(sc->out)
+                              : cl_op_new(op, a->ndim, a->shape, NULL, a->dtype);
+    if (result == NULL || cl_array_size(a) == 0) {
+        return (PyObject *)result;
+    }
+    cl_op_use(op, a);
+    cl_op_use(op, result);
+    cl_softmax_desc d = {.log = sc->log, .dtype = a->dtype};
+    if (!cl_out_needs_copy(result, a) && softmax_describe(a, result, sc->axis, &d)) {
+        CL_CUDA_CHECK(op->st, cl_softmax(&d, op->stream));
+    }
+    else if (softmax_axis_last(op, a, sc->axis, result, &d) < 0) {
+        goto fail;
+    }
+    return (PyObject *)result;
+fail:
+    Py_DECREF(result);
+    return NULL;
+}
+
+static PyObject *
+softmax_impl(PyObject *module, bool log, PyObject *const *args, Py_ssize_t nargs,
+             PyObject *kwnames)
+{
+    softmax_call sc = {.log = log};
+    cl_op_init(&sc.op, cl_state_from_module(module), log ? "log_softmax" : "softmax");
+    if (softmax_parse(&sc, args, nargs, kwnames) < 0 || cl_op_begin(&sc.op) < 0) {
+        return NULL;
+    }
+    PyObject *result = softmax_run(&sc);
+    if (!CL_OP_PROFILING(&sc.op)) {
+        return cl_op_end(&sc.op, result, NULL);
+    }
+    /* Bytes: the input read once and the result written once (what the row
+     * kernels move; a layout that needs the axis-last copy moves more). */
+    const cl_prof_info info = {
+        .dtype = (int)sc.a->dtype,
+        .bytes = 2 * cl_prof_nbytes(sc.a),
+        .flops = -1,
+        .ninputs = 1,
+        .inputs = {sc.a},
+        .out_ndim = sc.a->ndim,
+        .out_shape = sc.a->shape,
+    };
+    return cl_op_end(&sc.op, result, &info);
+}
+
+static PyObject *
+softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return softmax_impl(module, false, args, nargs, kwnames);
+}
+
+static PyObject *
+log_softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return softmax_impl(module, true, args, nargs, kwnames);
+}
+
+#define SOFTMAX_DOC(name, formula, returns)                                                     \
+    name "(a, axis=-1, out=None)\n--\n\n"                                                       \
+    formula "\n\n"                                                                              \
+    "Parameters\n----------\n"                                                                  \
     "a : DeviceArray\n"                                                                         \
-    "axis : int or None, optional\n"                                                            \
-    "    The axis to reduce (negative counts from the end; a 1-tuple is accepted).\n"           \
-    "    None (default) reduces over all elements.\n"                                           \
-    "keepdims : bool, optional\n"                                                               \
-    "    Keep reduced axes with extent 1, so the result broadcasts against `a`.\n"
-
-#define OUT_PARAM                                                                               \
+    "    float16, bfloat16, float32 or float64; any shape and strides.\n"                       \
+    "axis : int, optional\n"                                                                    \
+    "    The axis the slices run along (negative counts from the end); default\n"              \
+    "    the last.\n"                                                                           \
     "out : DeviceArray, optional\n"                                                             \
-    "    Array of the result's shape to write into (cast to its dtype); returned.\n"
+    "    Array of `a`'s shape and dtype to write into (may be `a` itself); returned.\n"        \
+    "\nReturns\n-------\nDeviceArray\n"                                                         \
+    "    `a`'s shape and dtype (C-contiguous unless `out` is given).\n    " returns "\n"        \
+    "\nRaises\n------\n"                                                                        \
+    "TypeError\n"                                                                               \
+    "    `a` or `out` is not a DeviceArray, `a` is not a float array, `out` has\n"             \
+    "    another dtype, or `axis` is not an int.\n"                                             \
+    "ValueError\n"                                                                              \
+    "    `axis` is out of bounds, or `out` has another shape or device.\n"                      \
+    "\nNotes\n-----\n"                                                                          \
+    "Numerically stable: each slice's maximum is subtracted before exp, so large\n"            \
+    "values do not overflow. float16/bfloat16 are computed in float32, float64\n"              \
+    "in float64. A slice holding NaN or +inf, or only -inf, gives NaN (as\n"                   \
+    "PyTorch does); an empty slice gives an empty result. Work is enqueued on\n"               \
+    "the current stream of `a`'s device.\n"
 
-#define DETERMINISM                                                                             \
-    "The result is bit-identical from run to run (fixed combination order, no\n"              \
-    "atomics). Work is enqueued on the current stream of `a`'s device.\n"
+PyDoc_STRVAR(softmax_doc,
+             SOFTMAX_DOC("softmax", "Softmax along one axis: ``exp(a - max) / sum(exp(a - max))``.",
+                         "Every slice along `axis` sums to 1."));
+PyDoc_STRVAR(log_softmax_doc,
+             SOFTMAX_DOC("log_softmax",
+                         "Log of the softmax along one axis: ``a - max - log(sum(exp(a - max)))``.",
+                         "Computed directly, not as the log of softmax, so\n"
+                         "    tiny probabilities keep their precision."));
 
-PyDoc_STRVAR(reduce_sum_doc,
-"sum(a, axis=None, keepdims=False, dtype=None, out=None)\n--\n\n"
-"Sum of array elements over all elements or one axis.\n\n"
-"Parameters\n----------\n" COMMON_PARAMS
-"dtype : dtype-like, optional\n"
-"    Cast the input to this dtype, sum, and return this dtype.\n" OUT_PARAM
-"\nReturns\n-------\nDeviceArray\n"
-"    0-d for a full reduction without keepdims. dtype: int64 for bool and\n"
-"    integer input (NumPy gives uint64 for uint8; cudalab has no uint64),\n"
-"    else the input's; float16/bfloat16 accumulate in float32.\n\n"
-"Notes\n-----\n"
-"float32 is accumulated in float32 along short per-thread chains combined\n"
-"by a tree, so the error stays close to pairwise summation. " DETERMINISM);
-
-PyDoc_STRVAR(reduce_mean_doc,
-"mean(a, axis=None, keepdims=False, dtype=None, out=None)\n--\n\n"
-"Arithmetic mean over all elements or one axis.\n\n"
-"Parameters\n----------\n" COMMON_PARAMS
-"dtype : dtype-like, optional\n"
-"    Cast the input to this dtype, average, and return this dtype.\n" OUT_PARAM
-"\nReturns\n-------\nDeviceArray\n"
-"    float64 for bool and integer input, else the input's dtype\n"
-"    (float16/bfloat16 accumulate in float32). The mean of nothing is NaN\n"
-"    (NumPy also warns; cudalab does not).\n\n"
-"Notes\n-----\n" DETERMINISM);
-
-PyDoc_STRVAR(reduce_max_doc,
-"max(a, axis=None, keepdims=False, out=None)\n--\n\n"
-"Maximum over all elements or one axis; NaN propagates, as in NumPy.\n\n"
-"Parameters\n----------\n" COMMON_PARAMS OUT_PARAM
-"\nReturns\n-------\nDeviceArray\n    Same dtype as `a`.\n\n"
-"Raises\n------\nValueError\n    When a reduced slice is empty (there is no identity).\n");
-
-PyDoc_STRVAR(reduce_min_doc,
-"min(a, axis=None, keepdims=False, out=None)\n--\n\n"
-"Minimum over all elements or one axis; NaN propagates, as in NumPy.\n\n"
-"Parameters\n----------\n" COMMON_PARAMS OUT_PARAM
-"\nReturns\n-------\nDeviceArray\n    Same dtype as `a`.\n\n"
-"Raises\n------\nValueError\n    When a reduced slice is empty (there is no identity).\n");
-
-PyDoc_STRVAR(reduce_argmax_doc,
-"argmax(a, axis=None, keepdims=False, out=None)\n--\n\n"
-"Index of the maximum, over all elements (flat C-order index) or along one axis.\n\n"
-"Parameters\n----------\n" COMMON_PARAMS OUT_PARAM
-"\nReturns\n-------\nDeviceArray\n"
-"    int64. Ties give the first occurrence; if a NaN is present, the index\n"
-"    of the first NaN, as in NumPy.\n\n"
-"Raises\n------\nValueError\n    When a reduced slice is empty.\n");
-
-#define REDUCE_ENTRY(pyname, cname)                                                             \
-    {pyname, (PyCFunction)(void (*)(void))cname, METH_FASTCALL | METH_KEYWORDS, cname##_doc}
+#define REDUCE_ENTRY_(ID, name, ...)                                                            \
+    {name, (PyCFunction)(void (*)(void))reduce_##ID, METH_FASTCALL | METH_KEYWORDS,             \
+     reduce_##ID##_doc},
 
 PyMethodDef cl_reduce_methods[] = {
-    REDUCE_ENTRY("sum", reduce_sum),
-    REDUCE_ENTRY("mean", reduce_mean),
-    REDUCE_ENTRY("max", reduce_max),
-    REDUCE_ENTRY("min", reduce_min),
-    REDUCE_ENTRY("argmax", reduce_argmax),
+    CL_REDUCE_OPS(REDUCE_ENTRY_)
+    CL_FASTCALL(softmax),
+    CL_FASTCALL(log_softmax),
     {NULL, NULL, 0, NULL},
 };

@@ -1,7 +1,8 @@
 /* transpose(a, method="best"): a new C-contiguous array holding a.T for a
  * 2-D array, through one of the teaching kernels of cuda/transpose.cu.
  *
- * Arguments are checked before the GPU is touched; the input may be any
+ * On the op frame (core/op_frame.h): the arguments are checked before the
+ * GPU is touched, `method` first (it needs no array). The input may be any
  * 2-D view (strides of any sign): the kernels address it through its own
  * strides, so no intermediate contiguous copy is made. */
 #include "cudalab.h"
@@ -59,67 +60,57 @@ PyDoc_STRVAR(transpose_doc,
 "TypeError\n    `a` is not a DeviceArray, or `method` is not a str.\n"
 "ValueError\n    `a` is not 2-D, or `method` is not one of the names above.");
 
+/* The method (checked first: it needs no array), then `a`. */
+static int
+transpose_parse(cl_op *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                DeviceArray **a, int *method)
+{
+    static const char *const names[] = {"a", "method", NULL};
+    PyObject *argv[2];
+    if (cl_parse_args(op->func, args, nargs, kwnames, names, 1, argv) < 0 ||
+        parse_method(argv[1], method) < 0 || cl_op_array(op, argv[0], "a", a) < 0) {
+        return -1;
+    }
+    if ((*a)->ndim != 2) {
+        return cl_arg_error(PyExc_ValueError, op->func, "a",
+                            "expected a 2-D array, got %d dimension%s", (*a)->ndim,
+                            (*a)->ndim == 1 ? "" : "s");
+    }
+    return 0;
+}
+
 static PyObject *
 transpose(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", "method", NULL};
-    cl_state *st = cl_state_from_module(module);
-    PyObject *argv[2];
-    int method;
-    if (cl_parse_args("transpose", args, nargs, kwnames, names, 1, argv) < 0) {
+    cl_op op;
+    cl_op_init(&op, cl_state_from_module(module), "transpose");
+    DeviceArray *a;
+    int method = CL_TRANSPOSE_BEST;
+    if (transpose_parse(&op, args, nargs, kwnames, &a, &method) < 0 || cl_op_begin(&op) < 0) {
         return NULL;
     }
-    if (!CL_IS_DEVICEARRAY(st, argv[0])) {
-        return cl_arg_error(PyExc_TypeError, "transpose", "a",
-                            "expected a cudalab.DeviceArray, got %.100s",
-                            Py_TYPE(argv[0])->tp_name),
-               NULL;
-    }
-    DeviceArray *a = (DeviceArray *)argv[0];
-    if (a->ndim != 2) {
-        return cl_arg_error(PyExc_ValueError, "transpose", "a",
-                            "expected a 2-D array, got %d dimension%s", a->ndim,
-                            a->ndim == 1 ? "" : "s"),
-               NULL;
-    }
-    if (parse_method(argv[1], &method) < 0) {
-        return NULL;
-    }
-    if (cl_require_device(st, "transpose") < 0) {
-        return NULL;
-    }
-
-    int previous;
-    if (cl_device_enter(st, a->device, &previous) < 0) {
-        return NULL;
-    }
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, "transpose", a->device);
     const Py_ssize_t shape[2] = {a->shape[1], a->shape[0]};
-    DeviceArray *out = cl_array_new(st, "transpose", 2, shape, NULL, a->dtype);
-    if (out == NULL) {
-        goto done;
-    }
-    cl_array_note_stream(a, cl_current_stream(st)); /* stream-safe frees */
-    if (a->shape[0] > 0 && a->shape[1] > 0) {
+    DeviceArray *out = cl_op_new(&op, 2, shape, NULL, a->dtype);
+    if (out != NULL && a->shape[0] > 0 && a->shape[1] > 0) {
         const int64_t item = (int64_t)cl_itemsize(a->dtype);
-        CL_CUDA_CHECK(st, cl_transpose_2d(out->data, (int64_t)a->shape[0], a->data,
-                                          (int64_t)a->strides[0] / item,
-                                          (int64_t)a->strides[1] / item, (int64_t)a->shape[0],
-                                          (int64_t)a->shape[1], a->dtype, method,
-                                          cl_current_stream(st)));
+        cl_op_use(&op, a);
+        CL_CUDA_CHECK(op.st, cl_transpose_2d(out->data, (int64_t)a->shape[0], a->data,
+                                             (int64_t)a->strides[0] / item,
+                                             (int64_t)a->strides[1] / item, (int64_t)a->shape[0],
+                                             (int64_t)a->shape[1], a->dtype, method, op.stream));
     }
     goto done;
 fail:
     Py_CLEAR(out);
 done:
-    if (CL_PROF_ACTIVE(&ps)) {
-        cl_prof_info info = {.dtype = (int)a->dtype, .bytes = 2 * cl_prof_nbytes(a), .flops = -1,
-                             .ninputs = 1, .inputs = {a}, .out_ndim = 2, .out_shape = shape};
-        cl_prof_end(st, &ps, out != NULL ? &info : NULL);
+    if (!CL_OP_PROFILING(&op)) {
+        return cl_op_end(&op, (PyObject *)out, NULL);
     }
-    cl_device_exit(a->device, previous);
-    return (PyObject *)out;
+    /* Bytes: every element read once and written once. */
+    const cl_prof_info info = {.dtype = (int)a->dtype, .bytes = 2 * cl_prof_nbytes(a),
+                               .flops = -1, .ninputs = 1, .inputs = {a}, .out_ndim = 2,
+                               .out_shape = shape};
+    return cl_op_end(&op, (PyObject *)out, &info);
 }
 
 PyMethodDef cl_transpose_methods[] = {

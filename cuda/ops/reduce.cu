@@ -43,9 +43,10 @@
 // argmax returns the first maximum, or the first NaN, like NumPy.
 #include "kernels.h"
 #include "dtype_convert.cuh"
+#include "dtype_dispatch.cuh"
 
 #include <limits>
-#include <cstdlib>
+#include <type_traits>
 
 namespace {
 
@@ -611,85 +612,90 @@ aligned(const void *p, size_t bytes)
     return ((uintptr_t)p % bytes) == 0;
 }
 
-// Plans the launch from the layout alone; with `need` set, only reports the
+// The plans depend on the layout alone; with `need` set, they only report the
 // workspace bytes (the same plan, so the two calls always agree).
+
+// Kernel 1 for a contiguous reduced axis: a warp or a block per row, long rows
+// cut into chunks when there are few of them.
 template <typename In, typename Op, typename Out>
 cudaError_t
-run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+run_rows(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
 {
     using State = typename Op::State;
     const int64_t outputs = d->outer * d->inner;
     const int mean = d->op == CL_REDUCE_MEAN;
-    if (need != nullptr) {
-        *need = 0;
-    }
-    if (outputs <= 0) {
-        return cudaSuccess;
-    }
     constexpr int N = 16 / sizeof(In);
     cudaError_t err;
-    if (d->len_stride == 1 && d->len > 16) {
-        RowsParams p;
-        p.src = d->src;
-        p.dst = d->dst;
-        p.partial = ws;
-        p.rows = outputs;
-        p.inner = d->inner;
-        p.outer_stride = d->outer_stride;
-        p.inner_stride = d->inner_stride;
-        p.len = d->len;
-        p.tpr = d->len * (int64_t)sizeof(In) >= 8192 ? kThreads : 32;
-        const int64_t nvec = ceil_div(d->len, N);
-        p.splits = 1;
-        p.per_split = nvec;
-        int64_t wave;
-        static int occupancy[kCachedDevices];
-        if ((err = wave_blocks(reduce_rows<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
+    RowsParams p;
+    p.src = d->src;
+    p.dst = d->dst;
+    p.partial = ws;
+    p.rows = outputs;
+    p.inner = d->inner;
+    p.outer_stride = d->outer_stride;
+    p.inner_stride = d->inner_stride;
+    p.len = d->len;
+    p.tpr = d->len * (int64_t)sizeof(In) >= 8192 ? kThreads : 32;
+    const int64_t nvec = ceil_div(d->len, N);
+    p.splits = 1;
+    p.per_split = nvec;
+    int64_t wave;
+    static int occupancy[kCachedDevices];
+    if ((err = wave_blocks(reduce_rows<In, Op, Out>, occupancy, &wave)) != cudaSuccess) {
+        return err;
+    }
+    if (p.tpr == kThreads) {
+        // Few long rows: cut each into 64 KiB chunks, one block each, many
+        // waves of short-lived blocks (like one block per row of a wide
+        // matrix, the fastest case measured); a block per row combines the
+        // chunk partials (finalize_rows_block).
+        if (outputs < wave) {
+            p.per_split = kChunkVectors;
+            p.splits = ceil_div(nvec, p.per_split);
+        }
+    }
+    p.mean = mean;
+    const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
+    if (need != nullptr) {
+        *need = bytes;
+        return cudaSuccess;
+    }
+    if (ws_bytes < bytes || (bytes > 0 && !aligned(ws, alignof(State)))) {
+        return cudaErrorInvalidValue;
+    }
+    const int groups = kThreads / p.tpr;
+    reduce_rows<In, Op, Out><<<grid_of(ceil_div(outputs * p.splits, groups)), kThreads, 0,
+                               stream>>>(p);
+    if (p.splits > 1) {
+        if ((err = cudaGetLastError()) != cudaSuccess) {
             return err;
         }
-        if (p.tpr == kThreads) {
-            // Few long rows: cut each into 64 KiB chunks, one block each, many
-            // waves of short-lived blocks (like one block per row of a wide
-            // matrix, the fastest case measured); a block per row combines the
-            // chunk partials (finalize_rows_block).
-            if (outputs < wave) {
-                p.per_split = kChunkVectors;
-                p.splits = ceil_div(nvec, p.per_split);
-            }
-            if (getenv("CUDALAB_EXP_WAVES") && outputs == 1) { int64_t w = atoll(getenv("CUDALAB_EXP_WAVES")) * wave; int64_t mx = ceil_div(nvec, (int64_t)kThreads * kUnroll); p.splits = w < mx ? w : mx; }
+        // The choice depends on the plan alone, so results stay bit-identical.
+        if (p.splits > 4 * 32) {
+            finalize_rows_block<Op, Out><<<grid_of(outputs), kThreads, 0, stream>>>(
+                static_cast<const State *>(ws), static_cast<Out *>(d->dst), outputs,
+                p.splits, d->len, mean);
         }
-        p.mean = mean;
-        const size_t bytes = p.splits > 1 ? (size_t)(outputs * p.splits) * sizeof(State) : 0;
-        if (need != nullptr) {
-            *need = bytes;
-            return cudaSuccess;
+        else {
+            finalize_rows<Op, Out><<<grid_of(ceil_div(outputs, kWarps)), kThreads, 0,
+                                     stream>>>(static_cast<const State *>(ws),
+                                               static_cast<Out *>(d->dst), outputs, p.splits,
+                                               d->len, mean);
         }
-        if (ws_bytes < bytes || (bytes > 0 && !aligned(ws, alignof(State)))) {
-            return cudaErrorInvalidValue;
-        }
-        const int groups = kThreads / p.tpr;
-        reduce_rows<In, Op, Out><<<grid_of(ceil_div(outputs * p.splits, groups)), kThreads, 0,
-                                   stream>>>(p);
-        if (p.splits > 1) {
-            if ((err = cudaGetLastError()) != cudaSuccess) {
-                return err;
-            }
-            // The choice depends on the plan alone, so results stay bit-identical.
-            if (p.splits > 4 * 32) {
-                finalize_rows_block<Op, Out><<<grid_of(outputs), kThreads, 0, stream>>>(
-                    static_cast<const State *>(ws), static_cast<Out *>(d->dst), outputs,
-                    p.splits, d->len, mean);
-            }
-            else {
-                finalize_rows<Op, Out><<<grid_of(ceil_div(outputs, kWarps)), kThreads, 0,
-                                         stream>>>(static_cast<const State *>(ws),
-                                                   static_cast<Out *>(d->dst), outputs, p.splits,
-                                                   d->len, mean);
-            }
-        }
-        return cudaGetLastError();
     }
+    return cudaGetLastError();
+}
 
+// Kernel 2 for a strided (or tiny) reduced axis: threads over outputs, the
+// axis split across blocks when there are few outputs.
+template <typename In, typename Op, typename Out>
+cudaError_t
+run_cols(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+{
+    using State = typename Op::State;
+    const int64_t outputs = d->outer * d->inner;
+    const int mean = d->op == CL_REDUCE_MEAN;
+    cudaError_t err;
     constexpr int V = ColsVec<In>::V;
     ColsParams p;
     p.src = d->src;
@@ -738,41 +744,55 @@ run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream
     return cudaGetLastError();
 }
 
-// ---- dispatch: (op, input dtype) -> the one natural (accumulator, output) ----
-
-// max/min accumulate small integers and bool as int, halves as float.
-template <typename In> struct ExtremeAcc { using T = In; };
-template <> struct ExtremeAcc<bool> { using T = int; };
-template <> struct ExtremeAcc<int8_t> { using T = int; };
-template <> struct ExtremeAcc<uint8_t> { using T = int; };
-template <> struct ExtremeAcc<__half> { using T = float; };
-template <> struct ExtremeAcc<__nv_bfloat16> { using T = float; };
-
-template <typename In>
+template <typename In, typename Op, typename Out>
 cudaError_t
-run_int(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+run(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
 {
-    using Acc = typename ExtremeAcc<In>::T;
-    switch (d->op) {
-    case CL_REDUCE_SUM: return run<In, SumOp<int64_t>, int64_t>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MEAN: return run<In, SumOp<double>, double>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MAX: return run<In, ExtremeOp<Acc, true>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MIN: return run<In, ExtremeOp<Acc, false>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_ARGMAX: return run<In, ArgMaxOp<Acc>, int64_t>(d, ws, ws_bytes, need, stream);
-    default: return cudaErrorInvalidValue;
+    if (need != nullptr) {
+        *need = 0;
     }
+    if (d->outer * d->inner <= 0) {
+        return cudaSuccess;
+    }
+    if (d->len_stride == 1 && d->len > 16) {
+        return run_rows<In, Op, Out>(d, ws, ws_bytes, need, stream);
+    }
+    return run_cols<In, Op, Out>(d, ws, ws_bytes, need, stream);
 }
 
-template <typename In, typename Acc>
+// ---- dispatch: (op, input dtype) -> the one natural (accumulator, output) ----
+
+// The type max/min/argmax compare in: small integers and bool as int, halves
+// as float. Float sums accumulate in it too.
+template <typename In> struct Acc { using T = In; };
+template <> struct Acc<bool> { using T = int; };
+template <> struct Acc<int8_t> { using T = int; };
+template <> struct Acc<uint8_t> { using T = int; };
+template <> struct Acc<__half> { using T = float; };
+template <> struct Acc<__nv_bfloat16> { using T = float; };
+
+template <typename In> constexpr bool kIsFloat = std::is_floating_point<In>::value;
+template <> constexpr bool kIsFloat<__half> = true;
+template <> constexpr bool kIsFloat<__nv_bfloat16> = true;
+
+// Kernel types per op; the output types match cl_reduce_result_dtype (the
+// launcher checks dst_dtype against it before it gets here).
+template <typename In>
 cudaError_t
-run_float(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
+run_op(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaStream_t stream)
 {
+    using A = typename Acc<In>::T;
+    constexpr bool F = kIsFloat<In>;
+    using SumAcc = std::conditional_t<F, A, int64_t>; // integers wrap like NumPy's int64
+    using SumOut = std::conditional_t<F, In, int64_t>;
+    using MeanAcc = std::conditional_t<F, A, double>;
+    using MeanOut = std::conditional_t<F, In, double>;
     switch (d->op) {
-    case CL_REDUCE_SUM:
-    case CL_REDUCE_MEAN: return run<In, SumOp<Acc>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MAX: return run<In, ExtremeOp<Acc, true>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_MIN: return run<In, ExtremeOp<Acc, false>, In>(d, ws, ws_bytes, need, stream);
-    case CL_REDUCE_ARGMAX: return run<In, ArgMaxOp<Acc>, int64_t>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_SUM: return run<In, SumOp<SumAcc>, SumOut>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_MEAN: return run<In, SumOp<MeanAcc>, MeanOut>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_MAX: return run<In, ExtremeOp<A, true>, In>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_MIN: return run<In, ExtremeOp<A, false>, In>(d, ws, ws_bytes, need, stream);
+    case CL_REDUCE_ARGMAX: return run<In, ArgMaxOp<A>, int64_t>(d, ws, ws_bytes, need, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -784,18 +804,7 @@ dispatch(const cl_reduce_desc *d, void *ws, size_t ws_bytes, size_t *need, cudaS
         d->len < 0 || d->dst_dtype != cl_reduce_result_dtype(d->op, d->src_dtype)) {
         return cudaErrorInvalidValue;
     }
-    switch (d->src_dtype) {
-    case CL_BOOL: return run_int<bool>(d, ws, ws_bytes, need, stream);
-    case CL_INT8: return run_int<int8_t>(d, ws, ws_bytes, need, stream);
-    case CL_UINT8: return run_int<uint8_t>(d, ws, ws_bytes, need, stream);
-    case CL_INT32: return run_int<int32_t>(d, ws, ws_bytes, need, stream);
-    case CL_INT64: return run_int<int64_t>(d, ws, ws_bytes, need, stream);
-    case CL_FLOAT16: return run_float<__half, float>(d, ws, ws_bytes, need, stream);
-    case CL_BFLOAT16: return run_float<__nv_bfloat16, float>(d, ws, ws_bytes, need, stream);
-    case CL_FLOAT32: return run_float<float, float>(d, ws, ws_bytes, need, stream);
-    case CL_FLOAT64: return run_float<double, double>(d, ws, ws_bytes, need, stream);
-    default: return cudaErrorInvalidValue;
-    }
+    CL_DISPATCH(d->src_dtype, CL_ALL_TYPES, return run_op<scalar_t>(d, ws, ws_bytes, need, stream));
 }
 
 } // namespace
@@ -808,14 +817,15 @@ cl_reduce_result_dtype(cl_reduce_op op, cl_dtype src)
     }
     const bool is_float = src == CL_FLOAT16 || src == CL_BFLOAT16 || src == CL_FLOAT32 ||
                           src == CL_FLOAT64;
+    int rule;
     switch (op) {
-    case CL_REDUCE_SUM: return is_float ? src : CL_INT64;
-    case CL_REDUCE_MEAN: return is_float ? src : CL_FLOAT64;
-    case CL_REDUCE_MAX:
-    case CL_REDUCE_MIN: return src;
-    case CL_REDUCE_ARGMAX: return CL_INT64;
+#define CL_REDUCE_RESULT_(ID, name, on_float, on_int, ...)                                     \
+    case CL_REDUCE_##ID: rule = is_float ? (on_float) : (on_int); break;
+        CL_REDUCE_OPS(CL_REDUCE_RESULT_)
+#undef CL_REDUCE_RESULT_
     default: return -1;
     }
+    return rule == CL_REDUCE_KEEP ? (int)src : rule;
 }
 
 extern "C" cudaError_t

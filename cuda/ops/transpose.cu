@@ -60,6 +60,7 @@
 // C-contiguous, source its transpose" layout of ascontiguousarray(a.T) here
 // with method v5.
 #include "kernels.h"
+#include "dtype_dispatch.cuh"
 
 #include <stdint.h>
 
@@ -132,6 +133,19 @@ transpose_tiled(T *__restrict__ dst, int64_t ld, const T *__restrict__ src, int6
     }
 }
 
+// Elements move as raw bits: each dtype maps to the unsigned type of its size,
+// so dtypes of one size share one instantiation.
+#define RAW_TYPES(X, ...)                                                       \
+    X(CL_BOOL, uint8_t, __VA_ARGS__)                                               \
+    X(CL_INT8, uint8_t, __VA_ARGS__)                                               \
+    X(CL_UINT8, uint8_t, __VA_ARGS__)                                              \
+    X(CL_INT32, uint32_t, __VA_ARGS__)                                             \
+    X(CL_INT64, uint64_t, __VA_ARGS__)                                             \
+    X(CL_FLOAT16, uint16_t, __VA_ARGS__)                                           \
+    X(CL_BFLOAT16, uint16_t, __VA_ARGS__)                                          \
+    X(CL_FLOAT32, uint32_t, __VA_ARGS__)                                           \
+    X(CL_FLOAT64, uint64_t, __VA_ARGS__)
+
 unsigned int
 grid_for(int64_t units)
 {
@@ -198,7 +212,6 @@ cl_transpose_2d(void *dst, int64_t ld_dst, const void *src, int64_t src_stride0,
                 int64_t src_stride1, int64_t rows, int64_t cols, cl_dtype dtype, int method,
                 cudaStream_t stream)
 {
-    static const int sizes[CL_NUM_DTYPES] = {1, 1, 1, 4, 8, 2, 2, 4, 8};
     if (dtype < 0 || dtype >= CL_NUM_DTYPES || method < 0 || method >= CL_TRANSPOSE_NUM_METHODS ||
         rows < 0 || cols < 0) {
         return cudaErrorInvalidValue;
@@ -214,11 +227,7 @@ cl_transpose_2d(void *dst, int64_t ld_dst, const void *src, int64_t src_stride0,
         const int64_t src_strides[2] = {src_stride1, 1};
         return cl_copy_cast(dst, dtype, dst_strides, src, dtype, src_strides, 2, shape, stream);
     }
-    switch (sizes[dtype]) {
-    case 1: return launch<uint8_t>(method, dst, ld_dst, src, src_stride0, src_stride1, rows, cols, stream);
-    case 2: return launch<uint16_t>(method, dst, ld_dst, src, src_stride0, src_stride1, rows, cols, stream);
-    case 4: return launch<uint32_t>(method, dst, ld_dst, src, src_stride0, src_stride1, rows, cols, stream);
-    case 8: return launch<uint64_t>(method, dst, ld_dst, src, src_stride0, src_stride1, rows, cols, stream);
-    default: return cudaErrorInvalidValue;
-    }
+    CL_DISPATCH(dtype, RAW_TYPES,
+                return launch<scalar_t>(method, dst, ld_dst, src, src_stride0, src_stride1, rows,
+                                        cols, stream));
 }

@@ -174,7 +174,7 @@ def _philox4x32_10(
     counter: Sequence[int], key: Sequence[int]
 ) -> tuple[int, int, int, int]: ...  # one block on the device (known-answer tests)
 
-# ---- reductions (csrc/ops/reduce.c, cuda/ops/reduce.cu) ----------------------------
+# ---- reductions, softmax (csrc/ops/reduce.c, cuda/ops/reduce.cu, softmax.cu) -------
 
 _Axis = Union[SupportsIndex, tuple[SupportsIndex], None]
 
@@ -195,6 +195,8 @@ def mean(
 def max(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
 def min(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
 def argmax(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
+def softmax(a: DeviceArray, axis: SupportsIndex = -1, out: DeviceArray | None = None) -> DeviceArray: ...
+def log_softmax(a: DeviceArray, axis: SupportsIndex = -1, out: DeviceArray | None = None) -> DeviceArray: ...
 
 # ---- element-wise ops (csrc/ops/elementwise.c, cuda/ops/elementwise.cu) -------------
 # Operands: DeviceArray or real scalars (Python scalars are weak, NEP 50);

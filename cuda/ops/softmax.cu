@@ -1,0 +1,410 @@
+// Softmax and log_softmax along one axis (see cl_softmax_desc in kernels.h).
+//
+// A row is the `len` elements of one (outer, inner) position along the axis;
+// rows are numbered row = o * inner + i. Every kernel subtracts the row's
+// maximum m before exp, so no exp overflows:
+//     softmax     y = exp(x - m) / s           s = sum over the row of exp(x - m)
+//     log_softmax y = (x - m) - log(s)
+// Arithmetic is in float32 for float16/bfloat16/float32 and in float64 for
+// float64. Softmax is memory-bound: the ideal is one read and one write of
+// every element.
+//
+// Kernels (the launcher picks one from the layout):
+//   1. softmax_warp   -- the axis is contiguous and len <= 1024: one warp per
+//      row. The row is loaded once into registers (up to 32 elements per
+//      lane; 16-byte vector loads and stores when every row is aligned), the
+//      max and the sum are warp shuffles, and the result is written from the
+//      registers: one read and one write per element.
+//   2. softmax_block  -- the axis is contiguous and longer: one 256-thread
+//      block per row. The first pass keeps a running (max, sum) per thread:
+//      when the max grows the sum so far is rescaled by exp(old - new), so
+//      one pass finds both. The pairs are combined across the block, and a
+//      second pass re-reads the row (mostly from L2) and writes it. Vector
+//      loads when aligned.
+//   3. softmax_cols   -- the axis is strided: a block owns 32 neighbouring
+//      rows (coalesced when they are neighbours in memory, inner stride 1)
+//      and its 8 warps split the axis; running (max, sum) pairs per thread
+//      are combined through shared memory, then each warp writes its part.
+//
+// Special values, as PyTorch: NaN anywhere in a row, or +inf, gives a NaN
+// sum and so a row of NaN; a row of only -inf has m = -inf and gives NaN.
+// The running form keeps exactly these results: an element equal to -inf
+// adds 0 even while the max is still -inf (exp(-inf - -inf) would be NaN).
+// Results do not depend on the grid: every row is combined in a fixed order.
+#include "kernels.h"
+#include "dtype_convert.cuh"
+#include "dtype_dispatch.cuh"
+
+#include <limits>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;           // vector loads in flight per thread (block kernel)
+constexpr int64_t kWarpMaxLen = 1024; // longest row of the warp kernel (32 per lane)
+constexpr int64_t kMaxGrid = (int64_t)1 << 20; // grid-stride loops cover the rest
+
+template <typename T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+// The max ignores NaN (fmax); a NaN still reaches the sum and spoils it.
+__device__ __forceinline__ float max_(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_(double a, double b) { return fmax(a, b); }
+
+template <typename A> __device__ __forceinline__ A neg_inf()
+{
+    return -std::numeric_limits<A>::infinity();
+}
+
+struct Params {
+    const void *src;
+    void *dst;
+    int64_t rows; // outer * inner
+    int64_t inner, len;
+    int64_t src_outer, src_inner, src_len; // elements
+    int64_t dst_outer, dst_inner, dst_len;
+    int log;
+};
+
+__device__ __forceinline__ int64_t
+row_offset(int64_t row, int64_t inner, int64_t outer_stride, int64_t inner_stride)
+{
+    const int64_t o = row / inner;
+    return o * outer_stride + (row - o * inner) * inner_stride;
+}
+
+// ---- running (max, sum) ------------------------------------------------------
+
+template <typename A> struct MaxSum {
+    A m, s;
+};
+
+// Add x to a running (m, s) with s = sum of exp(x_k - m).
+template <typename A> __device__ __forceinline__ void add(MaxSum<A> &r, A x)
+{
+    if (x > r.m) {
+        // (x - x) + 1 is 1, or NaN for x = +inf (whose row is NaN, see above).
+        r.s = r.s * exp_(r.m - x) + ((x - x) + A(1));
+        r.m = x;
+    }
+    else if (x != neg_inf<A>()) { // -inf adds 0, also while m is -inf
+        r.s += exp_(x - r.m);
+    }
+}
+
+template <typename A> __device__ __forceinline__ A rescale(A s, A m, A to)
+{
+    return m == neg_inf<A>() ? A(0) * s : s * exp_(m - to); // 0 * s keeps a NaN
+}
+
+template <typename A> __device__ __forceinline__ MaxSum<A> combine(MaxSum<A> a, MaxSum<A> b)
+{
+    const A m = max_(a.m, b.m);
+    return MaxSum<A>{m, rescale(a.s, a.m, m) + rescale(b.s, b.m, m)};
+}
+
+template <typename A> __device__ __forceinline__ MaxSum<A> warp_combine(MaxSum<A> r)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        MaxSum<A> o{__shfl_xor_sync(0xffffffffu, r.m, offset),
+                    __shfl_xor_sync(0xffffffffu, r.s, offset)};
+        r = combine(r, o);
+    }
+    return r;
+}
+
+// y for one element from the row's m and `scale` (1 / s, or log(s) for log_softmax).
+template <typename T, typename A> __device__ __forceinline__ T output(A x, A m, A scale, int log)
+{
+    return cl::convert<T>(log ? (x - m) - scale : exp_(x - m) * scale);
+}
+
+// ---- loads and stores of kVec elements (one 16-byte access when kVec > 1) ----
+
+template <typename T, int kVec> __device__ __forceinline__ void load(T (&v)[kVec], const T *p)
+{
+    if constexpr (kVec == 1) {
+        v[0] = *p;
+    }
+    else {
+        static_assert(kVec * sizeof(T) == 16, "vectors are 16 bytes");
+        const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            v[j] = e[j];
+        }
+    }
+}
+
+template <typename T, int kVec> __device__ __forceinline__ void store(T *p, const T (&v)[kVec])
+{
+    if constexpr (kVec == 1) {
+        *p = v[0];
+    }
+    else {
+        uint4 raw;
+        T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            e[j] = v[j];
+        }
+        *reinterpret_cast<uint4 *>(p) = raw;
+    }
+}
+
+// ---- kernel 1: a warp per row, the row in registers -----------------------------
+
+// Lane `lane` holds elements (c * 32 + lane) * kVec + j, c < kChunks, j < kVec.
+template <typename T, int kVec, int kChunks>
+__global__ void __launch_bounds__(kThreads) softmax_warp(Params p)
+{
+    using A = typename AccOf<T>::type;
+    constexpr int kPer = kVec * kChunks;
+    const int lane = threadIdx.x % 32;
+    for (int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32; row < p.rows;
+         row += (int64_t)gridDim.x * kWarps) {
+        const T *src = static_cast<const T *>(p.src) +
+                       row_offset(row, p.inner, p.src_outer, p.src_inner);
+        T *dst = static_cast<T *>(p.dst) + row_offset(row, p.inner, p.dst_outer, p.dst_inner);
+        A x[kPer];
+        A m = neg_inf<A>();
+#pragma unroll
+        for (int c = 0; c < kChunks; c++) {
+            const int64_t at = ((int64_t)c * 32 + lane) * kVec;
+            if (at < p.len) { // len is a multiple of kVec
+                T v[kVec];
+                load<T, kVec>(v, src + at);
+#pragma unroll
+                for (int j = 0; j < kVec; j++) {
+                    x[c * kVec + j] = static_cast<A>(cl::widen(v[j]));
+                    m = max_(m, x[c * kVec + j]);
+                }
+            }
+            else {
+#pragma unroll
+                for (int j = 0; j < kVec; j++) {
+                    x[c * kVec + j] = neg_inf<A>(); // never summed nor written
+                }
+            }
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            m = max_(m, __shfl_xor_sync(0xffffffffu, m, offset));
+        }
+        A s = 0;
+#pragma unroll
+        for (int c = 0; c < kChunks; c++) {
+            if (((int64_t)c * 32 + lane) * kVec < p.len) {
+#pragma unroll
+                for (int j = 0; j < kVec; j++) {
+                    s += exp_(x[c * kVec + j] - m);
+                }
+            }
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, offset);
+        }
+        const A scale = p.log ? log_(s) : A(1) / s;
+#pragma unroll
+        for (int c = 0; c < kChunks; c++) {
+            const int64_t at = ((int64_t)c * 32 + lane) * kVec;
+            if (at < p.len) {
+                T y[kVec];
+#pragma unroll
+                for (int j = 0; j < kVec; j++) {
+                    y[j] = output<T>(x[c * kVec + j], m, scale, p.log);
+                }
+                store<T, kVec>(dst + at, y);
+            }
+        }
+    }
+}
+
+// ---- kernel 2: a block per row, two passes ---------------------------------------
+
+template <typename A> __device__ MaxSum<A> block_combine(MaxSum<A> r)
+{
+    __shared__ A sm_m[kWarps], sm_s[kWarps];
+    r = warp_combine(r);
+    if (threadIdx.x % 32 == 0) {
+        sm_m[threadIdx.x / 32] = r.m;
+        sm_s[threadIdx.x / 32] = r.s;
+    }
+    __syncthreads();
+    r = MaxSum<A>{sm_m[0], sm_s[0]};
+#pragma unroll
+    for (int w = 1; w < kWarps; w++) { // every thread, the same order
+        r = combine(r, MaxSum<A>{sm_m[w], sm_s[w]});
+    }
+    __syncthreads(); // the next row reuses sm_m, sm_s
+    return r;
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) softmax_block(Params p)
+{
+    using A = typename AccOf<T>::type;
+    constexpr int64_t kStep = (int64_t)kThreads * kVec;
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) { // uniform per block
+        const T *src = static_cast<const T *>(p.src) +
+                       row_offset(row, p.inner, p.src_outer, p.src_inner);
+        T *dst = static_cast<T *>(p.dst) + row_offset(row, p.inner, p.dst_outer, p.dst_inner);
+        MaxSum<A> r{neg_inf<A>(), A(0)};
+        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * kStep) {
+            T v[kUnroll][kVec];
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++) {
+                if (i + u * kStep < p.len) {
+                    load<T, kVec>(v[u], src + i + u * kStep);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++) {
+                if (i + u * kStep < p.len) {
+#pragma unroll
+                    for (int j = 0; j < kVec; j++) {
+                        add(r, static_cast<A>(cl::widen(v[u][j])));
+                    }
+                }
+            }
+        }
+        r = block_combine(r);
+        const A scale = p.log ? log_(r.s) : A(1) / r.s;
+        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kStep) {
+            T v[kVec], y[kVec];
+            load<T, kVec>(v, src + i);
+#pragma unroll
+            for (int j = 0; j < kVec; j++) {
+                y[j] = output<T>(static_cast<A>(cl::widen(v[j])), r.m, scale, p.log);
+            }
+            store<T, kVec>(dst + i, y);
+        }
+    }
+}
+
+// ---- kernel 3: strided axis, 32 rows per block ------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) softmax_cols(Params p)
+{
+    using A = typename AccOf<T>::type;
+    __shared__ A sm_m[kWarps][32], sm_s[kWarps][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t tiles = (p.rows + 31) / 32;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) { // uniform per block
+        const int64_t row = t * 32 + lane;
+        const bool ok = row < p.rows;
+        const T *src = static_cast<const T *>(p.src) +
+                       (ok ? row_offset(row, p.inner, p.src_outer, p.src_inner) : 0);
+        T *dst = static_cast<T *>(p.dst) +
+                 (ok ? row_offset(row, p.inner, p.dst_outer, p.dst_inner) : 0);
+        MaxSum<A> r{neg_inf<A>(), A(0)};
+        if (ok) {
+#pragma unroll 4
+            for (int64_t k = warp; k < p.len; k += kWarps) {
+                add(r, static_cast<A>(cl::widen(src[k * p.src_len])));
+            }
+        }
+        sm_m[warp][lane] = r.m;
+        sm_s[warp][lane] = r.s;
+        __syncthreads();
+        r = MaxSum<A>{sm_m[0][lane], sm_s[0][lane]};
+#pragma unroll
+        for (int w = 1; w < kWarps; w++) {
+            r = combine(r, MaxSum<A>{sm_m[w][lane], sm_s[w][lane]});
+        }
+        const A scale = p.log ? log_(r.s) : A(1) / r.s;
+        if (ok) {
+#pragma unroll 4
+            for (int64_t k = warp; k < p.len; k += kWarps) {
+                const A x = static_cast<A>(cl::widen(src[k * p.src_len]));
+                dst[k * p.dst_len] = output<T>(x, r.m, scale, p.log);
+            }
+        }
+        __syncthreads(); // the next tile reuses sm_m, sm_s
+    }
+}
+
+// ---- launch ------------------------------------------------------------------------
+
+unsigned int
+grid_of(int64_t blocks)
+{
+    return (unsigned int)(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
+}
+
+// The smallest kChunks (a power of two) that holds `per_lane` elements per lane.
+template <typename T, int kVec, int kChunks>
+cudaError_t
+launch_warp(const Params &p, int64_t per_lane, cudaStream_t stream)
+{
+    if constexpr (kVec * kChunks < 32) {
+        if (kVec * kChunks < per_lane) {
+            return launch_warp<T, kVec, kChunks * 2>(p, per_lane, stream);
+        }
+    }
+    softmax_warp<T, kVec, kChunks><<<grid_of((p.rows + kWarps - 1) / kWarps), kThreads, 0,
+                                     stream>>>(p);
+    return cudaGetLastError();
+}
+
+// Every row starts on a 16-byte boundary and holds whole vectors.
+template <typename T>
+bool
+rows_aligned(const cl_softmax_desc &d)
+{
+    constexpr int64_t V = 16 / sizeof(T);
+    const bool outer_ok = d.outer == 1 || (d.src_outer % V == 0 && d.dst_outer % V == 0);
+    const bool inner_ok = d.inner == 1 || (d.src_inner % V == 0 && d.dst_inner % V == 0);
+    return (uintptr_t)d.src % 16 == 0 && (uintptr_t)d.dst % 16 == 0 && d.len % V == 0 &&
+           outer_ok && inner_ok;
+}
+
+template <typename T>
+cudaError_t
+launch(const cl_softmax_desc &d, cudaStream_t stream)
+{
+    constexpr int V = 16 / sizeof(T);
+    const Params p{d.src,       d.dst,       d.outer * d.inner, d.inner,     d.len,
+                   d.src_outer, d.src_inner, d.src_len,         d.dst_outer, d.dst_inner,
+                   d.dst_len,   d.log};
+    if (d.src_len == 1 && d.dst_len == 1) {
+        const bool vec = rows_aligned<T>(d);
+        if (d.len <= kWarpMaxLen) {
+            const int64_t per_lane = (d.len + 31) / 32;
+            return vec ? launch_warp<T, V, 1>(p, per_lane, stream)
+                       : launch_warp<T, 1, 1>(p, per_lane, stream);
+        }
+        if (vec) {
+            softmax_block<T, V><<<grid_of(p.rows), kThreads, 0, stream>>>(p);
+        }
+        else {
+            softmax_block<T, 1><<<grid_of(p.rows), kThreads, 0, stream>>>(p);
+        }
+        return cudaGetLastError();
+    }
+    softmax_cols<T><<<grid_of((p.rows + 31) / 32), kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" cudaError_t
+cl_softmax(const cl_softmax_desc *d, cudaStream_t stream)
+{
+    if (d == nullptr || d->outer < 0 || d->inner < 0 || d->len < 0) {
+        return cudaErrorInvalidValue;
+    }
+    if (d->outer == 0 || d->inner == 0 || d->len == 0) {
+        return cudaSuccess;
+    }
+    CL_DISPATCH(d->dtype, CL_FLOAT_TYPES, return launch<scalar_t>(*d, stream));
+}
