@@ -107,16 +107,20 @@ parse_u64(PyObject *obj, const char *func, const char *param, uint64_t *out)
 
 typedef enum rand_kind { RAND_NORMAL, RAND_UNIFORM, RAND_INTEGERS } rand_kind;
 
+enum { ARG_SHAPE, ARG_P1, ARG_P2, ARG_DTYPE, ARG_SEED, ARG_OFFSET, NUM_ARGS };
+
+struct rand_call;
+
 /* One entry point: its keywords are (shape, p1, p2, dtype, seed, offset). */
 typedef struct rand_spec {
     rand_kind kind;
     const char *name; /* argument messages: "normal" */
     const char *op;   /* the op frame's name: "random.normal" */
-    const char *const *keywords;
+    const char *const keywords[NUM_ARGS + 1];
     int required;     /* leading arguments without a default */
+    double p1, p2;    /* normal and uniform: the parameters' defaults */
+    int (*finish)(struct rand_call *c); /* the op's own checks, after parse_call */
 } rand_spec;
-
-enum { ARG_SHAPE, ARG_P1, ARG_P2, ARG_DTYPE, ARG_SEED, ARG_OFFSET, NUM_ARGS };
 
 /* A parsed call: what the kernel launcher needs. */
 typedef struct rand_call {
@@ -154,8 +158,17 @@ parse_dtype(rand_call *c)
     return 0;
 }
 
-/* The arguments every entry point shares: shape, dtype, seed, offset. The
- * two distribution parameters stay in argv[ARG_P1], argv[ARG_P2]. */
+/* The real parameter argv[i] (left at its default when absent). */
+static int
+parse_param(rand_call *c, int i, double *out)
+{
+    const char *param = c->spec->keywords[i];
+    return c->argv[i] == NULL ? 0 : parse_real(c->argv[i], c->spec->name, param, out);
+}
+
+/* The arguments every entry point shares: shape, seed, offset, dtype, and
+ * for normal and uniform the two real parameters into c->a and c->b (which
+ * hold their defaults). The integer bounds stay in argv[ARG_P1], argv[ARG_P2]. */
 static int
 parse_call(const rand_spec *spec, PyObject *module, PyObject *const *args, Py_ssize_t nargs,
            PyObject *kwnames, rand_call *c)
@@ -164,6 +177,8 @@ parse_call(const rand_spec *spec, PyObject *module, PyObject *const *args, Py_ss
     c->st = cl_state_from_module(module);
     c->seed = 0;
     c->offset = 0;
+    c->a = spec->p1;
+    c->b = spec->p2;
     if (cl_parse_args(spec->name, args, nargs, kwnames, spec->keywords, spec->required,
                       c->argv) < 0 ||
         cl_parse_shape(c->argv[ARG_SHAPE], spec->name, "shape", &c->ndim, c->shape) < 0) {
@@ -177,14 +192,11 @@ parse_call(const rand_spec *spec, PyObject *module, PyObject *const *args, Py_ss
         parse_u64(c->argv[ARG_OFFSET], spec->name, "offset", &c->offset) < 0) {
         return -1;
     }
+    if (spec->kind != RAND_INTEGERS &&
+        (parse_param(c, ARG_P1, &c->a) < 0 || parse_param(c, ARG_P2, &c->b) < 0)) {
+        return -1;
+    }
     return parse_dtype(c);
-}
-
-/* The real parameter argv[i] (left at its default when absent). */
-static int
-parse_param(rand_call *c, int i, const char *param, double *out)
-{
-    return c->argv[i] == NULL ? 0 : parse_real(c->argv[i], c->spec->name, param, out);
 }
 
 static cudaError_t
@@ -225,6 +237,18 @@ done:;
     return cl_op_end(&op, (PyObject *)out, CL_OP_PROFILING(&op) ? &info : NULL);
 }
 
+/* An entry point: parse, the op's own checks, then generate. */
+static PyObject *
+random_entry(const rand_spec *spec, PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+             PyObject *kwnames)
+{
+    rand_call c;
+    if (parse_call(spec, module, args, nargs, kwnames, &c) < 0 || spec->finish(&c) < 0) {
+        return NULL;
+    }
+    return generate(&c);
+}
+
 /* ---- normal -------------------------------------------------------------- */
 
 PyDoc_STRVAR(_random_normal_doc,
@@ -234,23 +258,23 @@ PyDoc_STRVAR(_random_normal_doc,
 "    Finite; std >= 0.\ndtype : float16, bfloat16, float32 (None) or float64\n"
 "seed, offset : int\n    In [0, 2**64).");
 
+static int
+normal_check(rand_call *c)
+{
+    if (c->b < 0.0) {
+        return cl_arg_error(PyExc_ValueError, c->spec->name, "std", "must be >= 0, got %R",
+                            c->argv[ARG_P2]);
+    }
+    return 0;
+}
+
 static PyObject *
 _random_normal(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const keywords[] = {"shape", "mean", "std", "dtype", "seed", "offset",
-                                           NULL};
-    static const rand_spec spec = {RAND_NORMAL, "normal", "random.normal", keywords, 1};
-    rand_call c = {.a = 0.0, .b = 1.0};
-    if (parse_call(&spec, module, args, nargs, kwnames, &c) < 0 ||
-        parse_param(&c, ARG_P1, "mean", &c.a) < 0 || parse_param(&c, ARG_P2, "std", &c.b) < 0) {
-        return NULL;
-    }
-    if (c.b < 0.0) {
-        return cl_arg_error(PyExc_ValueError, spec.name, "std", "must be >= 0, got %R",
-                            c.argv[ARG_P2]),
-               NULL;
-    }
-    return generate(&c);
+    static const rand_spec spec = {
+        RAND_NORMAL, "normal", "random.normal",
+        {"shape", "mean", "std", "dtype", "seed", "offset", NULL}, 1, 0.0, 1.0, normal_check};
+    return random_entry(&spec, module, args, nargs, kwnames);
 }
 
 /* ---- uniform ------------------------------------------------------------- */
@@ -347,23 +371,24 @@ PyDoc_STRVAR(_random_uniform_doc,
 "dtype : float16, bfloat16, float32 (None) or float64\n"
 "seed, offset : int\n    In [0, 2**64).");
 
+/* low and high (c->a, c->b) rounded into the dtype; then low < high. */
+static int
+uniform_check(rand_call *c)
+{
+    double low = c->a, high = c->b;
+    if (uniform_bound(c, "low", &c->a) < 0 || uniform_bound(c, "high", &c->b) < 0) {
+        return -1;
+    }
+    return c->a < c->b ? 0 : uniform_order_error(c, low, high);
+}
+
 static PyObject *
 _random_uniform(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const keywords[] = {"shape", "low", "high", "dtype", "seed", "offset",
-                                           NULL};
-    static const rand_spec spec = {RAND_UNIFORM, "uniform", "random.uniform", keywords, 1};
-    rand_call c = {.a = 0.0, .b = 1.0};
-    if (parse_call(&spec, module, args, nargs, kwnames, &c) < 0 ||
-        parse_param(&c, ARG_P1, "low", &c.a) < 0 || parse_param(&c, ARG_P2, "high", &c.b) < 0) {
-        return NULL;
-    }
-    double low = c.a, high = c.b;
-    if (uniform_bound(&c, "low", &c.a) < 0 || uniform_bound(&c, "high", &c.b) < 0 ||
-        (!(c.a < c.b) && uniform_order_error(&c, low, high) < 0)) {
-        return NULL;
-    }
-    return generate(&c);
+    static const rand_spec spec = {
+        RAND_UNIFORM, "uniform", "random.uniform",
+        {"shape", "low", "high", "dtype", "seed", "offset", NULL}, 1, 0.0, 1.0, uniform_check};
+    return random_entry(&spec, module, args, nargs, kwnames);
 }
 
 /* ---- integers ------------------------------------------------------------ */
@@ -448,14 +473,10 @@ PyDoc_STRVAR(_random_integers_doc,
 static PyObject *
 _random_integers(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const keywords[] = {"shape", "low", "high", "dtype", "seed", "offset",
-                                           NULL};
-    static const rand_spec spec = {RAND_INTEGERS, "integers", "random.integers", keywords, 2};
-    rand_call c = {.low = 0};
-    if (parse_call(&spec, module, args, nargs, kwnames, &c) < 0 || parse_int_range(&c) < 0) {
-        return NULL;
-    }
-    return generate(&c);
+    static const rand_spec spec = {
+        RAND_INTEGERS, "integers", "random.integers",
+        {"shape", "low", "high", "dtype", "seed", "offset", NULL}, 2, 0.0, 0.0, parse_int_range};
+    return random_entry(&spec, module, args, nargs, kwnames);
 }
 
 /* ---- Philox known answers ------------------------------------------------ */
