@@ -267,7 +267,7 @@ def test_prefix_does_not_depend_on_size(func, dtype):
 @pytest.mark.parametrize("dtype", INTS, ids=INT_IDS)
 @pytest.mark.parametrize("low,high", [(0, 100), (0, 3 * 2**40)], ids=["narrow", "wide"])
 def test_integers_prefix_does_not_depend_on_size(dtype, low, high):
-    """Also for int64 with 32-bit words, where two threads share a group."""
+    """Also for int64 with 32-bit words, where neighbouring lanes swap group halves."""
     if high > np.iinfo(dtype).max:
         pytest.skip("wide ranges need int64")
     long = clr.integers(300_007, low, high, dtype=dtype, seed=13).get()
