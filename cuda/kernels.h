@@ -196,7 +196,9 @@ cudaError_t cl_softmax(const cl_softmax_desc *desc, cudaStream_t stream);
 /* Counter-based Philox4x32-10 streams (described in random.cu). Element
  * group g of a call uses counter (g_lo, g_hi, offset_lo, offset_hi) and key
  * (key_lo, key_hi), so results depend only on (key, offset, index), never on
- * the grid. `out` is a contiguous buffer of n elements of `dtype`. */
+ * the grid. `out` is a contiguous, 16-byte aligned buffer of n elements of
+ * `dtype` (a pool allocation is); n < 0, a misaligned `out` or a dtype of the
+ * wrong kind gives cudaErrorInvalidValue. */
 /* float16/bfloat16/float32/float64: mean + std * N(0, 1) (Box-Muller). */
 cudaError_t cl_random_normal(void *out, cl_dtype dtype, int64_t n, double mean, double std,
                              uint64_t key, uint64_t offset, cudaStream_t stream);

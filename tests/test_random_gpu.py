@@ -6,22 +6,28 @@
 * The stream layout is checked bit for bit: uniform and integers outputs are
   recomputed on the host with a vectorized NumPy Philox from the documented
   counter layout (counter = (g_lo, g_hi, offset_lo, offset_hi), key = seed).
-* Reproducibility, independence of the array size (a prefix of a long array
-  equals a short array), distribution moments on 10**6 samples (within a few
-  standard errors), strict ranges, every value hit for small integer ranges,
-  float16/bfloat16 outputs and odd sizes.
+* The float32 normal stream is checked against a float64 host Box-Muller of
+  the same words (the device uses approximate log2/sqrt/sin/cos: close, not
+  bit-equal).
+* Reproducibility (same seed and offset: same bits; another seed or offset:
+  other values), independence of the array size (a prefix of a long array
+  equals a short array, odd sizes included), distribution moments and a
+  Kolmogorov-Smirnov bound on 10**6 samples, a chi-square over the exact
+  float16/bfloat16 uniform grids, strict [low, high) ranges (rounding to the
+  dtype never reaches high), finiteness, every value hit for small integer
+  ranges.
 """
 
 from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import cudalab
 import cudalab.random as clr
+from _support import BF16, DTYPES, is_float
 
 
 def _load_reference():
@@ -43,10 +49,9 @@ KAT, philox4x32_10 = _ref.KAT, _ref.philox4x32_10
 pytestmark = pytest.mark.gpu
 
 core = cudalab._core
-BF16 = np.dtype(ml_dtypes.bfloat16)
-FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+FLOATS = [d for d in DTYPES if is_float(d)]
 FLOAT_IDS = [d.name for d in FLOATS]
-INTS = [np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64)]
+INTS = [d for d in DTYPES if d.kind in "iu"]
 INT_IDS = [d.name for d in INTS]
 M32 = np.uint64(0xFFFFFFFF)
 
@@ -87,6 +92,19 @@ def ref_uniform01_f64(n, key, offset):
     w = words(n, 2, key, offset).reshape(-1, 2)[:n]
     bits = ((w[:, 0] >> np.uint64(5)) << np.uint64(26)) | (w[:, 1] >> np.uint64(6))
     return bits.astype(np.float64) * 2.0**-53
+
+
+def ref_normal_f32(n, key, offset):
+    """The documented float32 Box-Muller, evaluated in float64 from the same words:
+    u1 = float32(a) * 2**-32 + 2**-33 and theta = 2 pi int32(b) 2**-32, both in float32."""
+    w = words(n, 4, key, offset).reshape(-1, 2)
+    a, b = w[:, 0], w[:, 1]
+    u1 = a.astype(np.float32) * np.float32(2.0**-32) + np.float32(2.0**-33)
+    theta = b.astype(np.uint32).view(np.int32).astype(np.float32) * np.float32(
+        2 * math.pi * 2.0**-32)
+    radius = np.sqrt(-2.0 * np.log(u1.astype(np.float64)))
+    theta = theta.astype(np.float64)
+    return np.stack([radius * np.cos(theta), radius * np.sin(theta)], axis=1).reshape(-1)[:n]
 
 
 def ref_integers32(n, low, high, key, offset, dtype):
@@ -135,6 +153,21 @@ def test_uniform_float32_matches_host_reference(n):
     got = clr.uniform(n, seed=key).get()
     assert got.dtype == np.float32 and got.shape == (n,)
     np.testing.assert_array_equal(got, ref_uniform01_f32(n, key, 0))
+
+
+@pytest.mark.parametrize("n", [1, 3, 4097, 100_003])
+def test_normal_float32_matches_host_box_muller(n):
+    got = clr.normal(n, seed=0xC0FFEE).get().astype(np.float64)
+    ref = ref_normal_f32(n, 0xC0FFEE, 0)
+    err = np.abs(got - ref)
+    # The device's log2 is accurate to ~2**-22 absolute, so the radius is
+    # within ~sqrt(3e-7) where it is near 0 and within ~1e-6 elsewhere; a
+    # wrong word, lane or conversion would be off by O(1).
+    assert err.max() < 1e-3
+    assert np.quantile(err, 0.999) < 1e-5
+    mean, std = 1.5, 3.0
+    shifted = clr.normal(n, mean=mean, std=std, seed=0xC0FFEE).get().astype(np.float64)
+    assert np.abs(shifted - (mean + std * ref)).max() < 3e-3
 
 
 def test_uniform_float64_matches_host_reference():
@@ -226,9 +259,33 @@ def test_seed_makes_the_default_sequence_repeat():
 def test_prefix_does_not_depend_on_size(func, dtype):
     """Element i depends only on (seed, offset, i): not on n or the grid."""
     long = CALLS[func](1_000_003, dtype, 9).get()
-    for n in (1, 7, 1000):
+    for n in (1, 2, 3, 5, 7, 8, 9, 1000, 4097, 65_537):
         short = CALLS[func](n, dtype, 9).get()
         assert short.tobytes() == long[:n].tobytes()
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=INT_IDS)
+@pytest.mark.parametrize("low,high", [(0, 100), (0, 3 * 2**40)], ids=["narrow", "wide"])
+def test_integers_prefix_does_not_depend_on_size(dtype, low, high):
+    """Also for int64 with 32-bit words, where neighbouring lanes swap group halves."""
+    if high > np.iinfo(dtype).max:
+        pytest.skip("wide ranges need int64")
+    long = clr.integers(300_007, low, high, dtype=dtype, seed=13).get()
+    for n in (1, 2, 3, 5, 17, 4097):
+        short = clr.integers(n, low, high, dtype=dtype, seed=13).get()
+        assert short.tobytes() == long[:n].tobytes()
+
+
+@pytest.mark.parametrize("fn", [core._random_normal, core._random_uniform])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_offset_selects_an_independent_stream(fn, dtype):
+    n = 50_001
+    a = fn(n, dtype=dtype, seed=3, offset=0).get()
+    b = fn(n, dtype=dtype, seed=3, offset=1).get()
+    c = fn(n, dtype=dtype, seed=3, offset=1 << 40).get()
+    assert a.tobytes() == fn(n, dtype=dtype, seed=3, offset=0).get().tobytes()
+    for x, y in [(a, b), (a, c), (b, c)]:
+        assert np.mean(x == y) < 0.1
 
 
 def test_shapes_and_sizes():
@@ -274,6 +331,61 @@ def test_normal_moments(dtype, mean, std):
     assert abs(np.mean(z**4) - 3.0) < 0.05  # kurtosis ~ 3 (SE ~ 0.005)
 
 
+def ks_statistic(x: np.ndarray, cdf) -> float:
+    """Kolmogorov-Smirnov distance between the sample x and a continuous CDF."""
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    f = cdf(x)
+    n = len(x)
+    i = np.arange(1, n + 1)
+    return float(max(np.max(i / n - f), np.max(f - (i - 1) / n)))
+
+
+def ks_bound(n: int, alpha: float = 1e-6) -> float:
+    """D above this has probability about alpha for a correct generator."""
+    return math.sqrt(math.log(2 / alpha) / (2 * n))
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def normal_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + _erf(x / math.sqrt(2)).astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mean,std", [(0.0, 1.0), (-2.0, 0.5)])
+def test_normal_kolmogorov_smirnov(dtype, mean, std):
+    n = 2**20
+    x = clr.normal(n, mean=mean, std=std, dtype=dtype, seed=4242).get().astype(np.float64)
+    assert ks_statistic((x - mean) / std, normal_cdf) < ks_bound(n)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("low,high", [(0.0, 1.0), (-3.0, 5.0)])
+def test_uniform_kolmogorov_smirnov(dtype, low, high):
+    n = 2**20
+    x = clr.uniform(n, low, high, dtype=dtype, seed=4243).get().astype(np.float64)
+    assert ks_statistic(x, lambda v: (v - low) / (high - low)) < ks_bound(n)
+
+
+def test_normal_pairs_are_uncorrelated():
+    """Box-Muller pairs (elements 2i, 2i+1) and neighbouring groups."""
+    z = clr.normal(2**20, seed=77).get().astype(np.float64)
+    for lag in (1, 2, 4):
+        r = np.corrcoef(z[:-lag], z[lag:])[0, 1]
+        assert abs(r) < 6 / math.sqrt(len(z))
+    # Independent radius and angle: the squared pair sum is chi-square(2).
+    r2 = z[0::2] ** 2 + z[1::2] ** 2
+    assert ks_statistic(r2, lambda v: 1.0 - np.exp(-v / 2)) < ks_bound(len(r2))
+
+
+@pytest.mark.parametrize("func", sorted(CALLS))
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_every_value_is_finite(func, dtype):
+    x = CALLS[func](4_000_037, dtype, 99).get().astype(np.float64)
+    assert np.all(np.isfinite(x))
+
+
 def test_normal_std_zero_gives_the_mean():
     x = clr.normal(1001, mean=2.5, std=0.0, seed=3).get()
     assert np.all(x == np.float32(2.5))
@@ -313,6 +425,16 @@ def test_uniform_moments_and_range(dtype, low, high):
         (BF16, 1.0, 1.0 + 2.0**-7),
         (np.float64, 1.0, 1.0 + 2.0**-52),
         (np.float32, 0.0, 1e-40),  # subnormal range
+        # low + width * u rounds up to high for the top values of u
+        (BF16, 1.0, 3.0),
+        (BF16, -7.0, 300.0),
+        (np.float16, 0.0, 1000.0),
+        (np.float16, -2.0, 2049.0),
+        (np.float32, 1e-3, 1e7),
+        # high - low overflows the arithmetic type
+        (np.float32, -3e38, 3e38),
+        (BF16, -3e38, 3e38),
+        (np.float64, -1e308, 1.5e308),
     ],
 )
 def test_uniform_never_returns_high(dtype, low, high):
@@ -320,18 +442,31 @@ def test_uniform_never_returns_high(dtype, low, high):
     # The guarantee is for the bounds rounded to the dtype.
     lo_r = float(np.array(low).astype(dtype).astype(np.float64))
     hi_r = float(np.array(high).astype(dtype).astype(np.float64))
-    x = clr.uniform(200_001, low, high, dtype=dtype, seed=4).get().astype(np.float64)
+    x = clr.uniform(1_000_003, low, high, dtype=dtype, seed=4).get().astype(np.float64)
+    assert np.all(np.isfinite(x))
     assert x.min() >= lo_r
     assert x.max() < hi_r
+    # Both ends of the range are reached or nearly so (when it holds more
+    # than one value of the dtype).
+    if len(np.unique(x)) > 1:
+        width = hi_r - lo_r
+        assert x.min() < lo_r + 0.01 * width and x.max() > hi_r - 0.01 * width
 
 
-def test_uniform_half_precision_default_range_is_exact_grid():
-    x16 = clr.uniform(N, dtype=np.float16, seed=6).get().astype(np.float64)
-    assert x16.max() < 1.0 and x16.min() >= 0.0
-    # 11 random bits: every value is a multiple of 2**-11, and most of the
-    # 2048 grid points appear.
-    assert np.all(np.mod(x16 * 2048, 1.0) == 0.0)
-    assert len(np.unique(x16)) > 2000
+@pytest.mark.parametrize("dtype,digits", [(np.float16, 11), (BF16, 8)], ids=["float16", "bfloat16"])
+def test_uniform_half_precision_default_range_is_an_exact_even_grid(dtype, digits):
+    """[0, 1) in float16/bfloat16: the 2**digits multiples of 2**-digits,
+    equally likely (chi-square over every grid value)."""
+    x = clr.uniform(N, dtype=dtype, seed=6).get().astype(np.float64)
+    assert x.max() < 1.0 and x.min() >= 0.0
+    k = x * 2**digits
+    assert np.all(k == np.floor(k))
+    counts = np.bincount(k.astype(np.int64), minlength=2**digits)
+    assert len(counts) == 2**digits
+    df = 2**digits - 1
+    expected = N / 2**digits
+    chi2 = float(np.sum((counts - expected) ** 2 / expected))
+    assert chi2 < df + 8 * math.sqrt(2 * df)  # mean df, sd sqrt(2 df)
 
 
 @pytest.mark.parametrize("dtype", INTS, ids=INT_IDS)

@@ -237,6 +237,14 @@ def test_uniform_parameter_errors(kw, param, exc, msg):
         ((0, 2**63 + 1), {}, "high", ValueError, "out of bounds for int64"),
         ((-(2**63) - 1, 0), {}, "low", ValueError, "out of bounds for int64"),
         ((0, 2**70), {}, "high", ValueError, "out of bounds for int64"),
+        ((2**63, 2**63 + 5), {}, "low", ValueError, "out of bounds for int64"),
+        ((2**64 + 3, 2**65), {}, "low", ValueError, "out of bounds for int64"),
+        ((0, 2**63), {"dtype": np.int32}, "high", ValueError, "out of bounds for int32"),
+        ((0, 2**64 + 1), {}, "high", ValueError, "out of bounds for int64"),
+        ((-(2**70),), {}, "low", ValueError, "must be positive when high is None"),
+        ((-(2**70), -(2**69)), {}, "low", ValueError, "out of bounds for int64"),
+        ((5, -(2**70)), {}, "high", ValueError, "must be greater than low"),
+        ((True, 3), {}, "low", TypeError, "expected an int"),
         ((1.5, 3), {}, "low", TypeError, "expected an int"),
         ((0, 3.0), {}, "high", TypeError, "expected an int"),
         ((0, "3"), {}, "high", TypeError, "expected an int"),
@@ -270,14 +278,34 @@ def test_integers_requires_low():
         clr.integers(3)  # Python-level signature
 
 
-@pytest.mark.parametrize("fn", [core._random_normal, core._random_uniform])
-def test_private_offset_is_checked(fn):
-    with pytest.raises(ValueError, match=r"argument 'offset'.*non-negative"):
-        fn(3, seed=0, offset=-1)
-    with pytest.raises(ValueError, match=r"argument 'offset'.*less than 2\*\*64"):
-        fn(3, seed=0, offset=2**64)
-    with pytest.raises(TypeError, match=r"argument 'offset'.*expected an int"):
-        fn(3, seed=0, offset=1.0)
+PRIVATE = {
+    "normal": core._random_normal,
+    "uniform": core._random_uniform,
+    "integers": lambda *a, **kw: core._random_integers(*a[:1], 10, *a[1:], **kw),
+}
+
+
+@pytest.mark.parametrize("func", sorted(PRIVATE))
+@pytest.mark.parametrize("param", ["seed", "offset"])
+def test_private_seed_and_offset_are_checked(func, param):
+    fn = PRIVATE[func]
+    for value, exc, msg in [
+        (-1, ValueError, "must be non-negative, got -1"),
+        (-(2**70), ValueError, "must be non-negative"),
+        (2**64, ValueError, r"must be less than 2\*\*64"),
+        (1.0, TypeError, "expected an int, got float"),
+        (True, TypeError, "expected an int, got bool"),
+    ]:
+        with pytest.raises(exc, match=arg_error(func, param) + ".*" + msg):
+            fn(3, **{param: value})
+
+
+def test_private_functions_accept_the_full_seed_and_offset_range():
+    for fn in PRIVATE.values():
+        try:
+            fn(3, seed=2**64 - 1, offset=2**63)
+        except cudalab.NoDeviceError:
+            pass  # the arguments were accepted; only the device is missing
 
 
 @pytest.mark.parametrize(
@@ -347,12 +375,12 @@ def test_explicit_seed_leaves_the_default_generator_alone():
 @pytest.mark.skipif(cudalab.is_available(), reason="checks the no-GPU behaviour")
 def test_without_gpu_valid_calls_raise_no_device_error():
     for call, name in [
-        (lambda: clr.normal(3, seed=1), "normal"),
-        (lambda: clr.uniform(3, seed=1), "uniform"),
-        (lambda: clr.integers(3, 5, seed=1), "integers"),
+        (lambda: clr.normal(3, seed=1), "random.normal"),
+        (lambda: clr.uniform(3, seed=1), "random.uniform"),
+        (lambda: clr.integers(3, 5, seed=1), "random.integers"),
         (lambda: core._philox4x32_10((0, 0, 0, 0), (0, 0)), "_philox4x32_10"),
     ]:
-        with pytest.raises(cudalab.NoDeviceError, match=re.escape(name)):
+        with pytest.raises(cudalab.NoDeviceError, match=re.escape(name + "()")):
             call()
 
 

@@ -23,8 +23,10 @@ default generator alone.
 
 Conversions (see ``cuda/ops/random.cu``): uniform floats use as many random bits as
 the dtype's significand (53 for float64) and always lie in ``[low, high)``;
-normal uses Box-Muller; integers are unbiased (Lemire's method with
-rejection) and follow NumPy's ``Generator.integers`` bounds.
+normal uses Box-Muller (float16, bfloat16 and float32 in float32 arithmetic
+with the GPU's fast log2, sqrt, sin and cos, float64 in float64); integers
+are unbiased (Lemire's method with rejection) and follow NumPy's
+``Generator.integers`` bounds.
 """
 
 from __future__ import annotations
