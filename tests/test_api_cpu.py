@@ -12,21 +12,15 @@ from __future__ import annotations
 
 import ast
 import importlib
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _support import driver_library_loadable
+from _support import arg_error, driver_library_loadable, no_gpu_only
 
 import cudalab
 
 core = cudalab._core
-
-
-def arg_error(func: str, param: str) -> str:
-    """Regex matching the documented argument-error prefix."""
-    return rf"{re.escape(func)}\(\) argument '{re.escape(param)}'"
 
 
 # ---------------------------------------------------------------- import ----
@@ -359,7 +353,7 @@ NEEDS_GPU = {
 }
 
 
-@pytest.mark.skipif(cudalab.is_available(), reason="only meaningful without a GPU")
+@no_gpu_only
 @pytest.mark.parametrize("call", sorted(NEEDS_GPU))
 def test_without_gpu_calls_raise_no_device_error(call):
     """Without a GPU every call that needs one raises NoDeviceError saying so."""
@@ -367,7 +361,7 @@ def test_without_gpu_calls_raise_no_device_error(call):
         NEEDS_GPU[call]()
 
 
-@pytest.mark.skipif(cudalab.is_available(), reason="only meaningful without a GPU")
+@no_gpu_only
 def test_without_gpu_queries_do_not_raise():
     """Without a GPU the availability and version queries still answer."""
     assert cudalab.is_available() is False
@@ -376,7 +370,7 @@ def test_without_gpu_queries_do_not_raise():
     assert isinstance(cudalab.driver_version(), int)
 
 
-@pytest.mark.skipif(cudalab.is_available(), reason="only meaningful without a GPU")
+@no_gpu_only
 def test_without_gpu_argument_errors_win_over_no_device():
     """Argument validation happens before the device check, even without a GPU."""
     with pytest.raises(ValueError, match=arg_error("empty", "shape")):

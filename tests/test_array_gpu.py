@@ -15,40 +15,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _support import BF16, DTYPE_IDS, DTYPES, assert_bit_equal, dtype_id, is_float, view_recipes
+from _support import random_array as _random_array
 
 import cudalab
-from _support import BF16, DTYPE_IDS, DTYPES, is_float
 
 pytestmark = pytest.mark.gpu
-
-
 
 
 # ------------------------------------------------------------- helpers ------
 
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Random C-contiguous host data of `dtype`; integers are never 0."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        hi = min(int(info.max), 2**62)
-        mag = rng.integers(1, hi, size=shape, dtype=np.int64, endpoint=True)
-        if dtype.kind == "i":
-            mag = mag * rng.choice(np.array([-1, 1], dtype=np.int64), size=shape)
-        return mag.astype(dtype)
-    return rng.standard_normal(size=shape).astype(dtype)
-
-
-def assert_bit_equal(got, expected) -> None:
-    """Same type, dtype, shape and bytes (of C-ordered copies)."""
-    assert isinstance(got, np.ndarray), type(got)
-    expected = np.asarray(expected)
-    assert got.dtype == expected.dtype, (got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (got.shape, expected.shape)
-    assert got.tobytes(order="C") == expected.tobytes(order="C")
+    """_support's random_array, with int64 values over +-2**62: copies must keep every bit."""
+    wide = {"low": -2**62, "high": 2**62} if np.dtype(dtype) == np.int64 else {}
+    return _random_array(rng, shape, dtype, **wide)
 
 
 def c_strides(shape, dtype) -> tuple[int, ...]:
@@ -97,7 +78,7 @@ def test_round_trip_is_bit_exact(rng, dtype, layout, n):
     d = cudalab.asarray(src)
     assert d.dtype == src.dtype
     assert d.shape == src.shape
-    assert_bit_equal(d.get(), src)
+    assert_bit_equal(d, src)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -106,14 +87,14 @@ def test_round_trip_0d(rng, dtype):
     src = random_array(rng, (), dtype)
     d = cudalab.asarray(src)
     assert d.shape == () and d.ndim == 0 and d.size == 1
-    assert_bit_equal(d.get(), src)
+    assert_bit_equal(d, src)
 
 
 def test_round_trip_special_floats():
     """NaN, +-inf and -0.0 survive the round trip bit for bit."""
     for dt in (np.float16, BF16, np.float32, np.float64):
         src = np.array([np.nan, -np.inf, np.inf, -0.0, 1.5, -2.25], dtype=dt)
-        assert_bit_equal(cudalab.asarray(src).get(), src)
+        assert_bit_equal(cudalab.asarray(src), src)
 
 
 # ----------------------------------------------- (b) layout preservation ----
@@ -130,7 +111,7 @@ def test_asarray_keeps_c_and_f_strides(rng, dtype):
         assert d.strides == src.strides
         assert d.is_contiguous == src.flags.c_contiguous
         assert d.is_f_contiguous == src.flags.f_contiguous
-        assert_bit_equal(d.get(), src)
+        assert_bit_equal(d, src)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -147,7 +128,7 @@ def test_asarray_of_non_dense_source_is_c_contiguous(rng, dtype):
         d = cudalab.asarray(src)
         assert d.is_contiguous
         assert d.strides == c_strides(src.shape, dtype)
-        assert_bit_equal(d.get(), src)
+        assert_bit_equal(d, src)
 
 
 # ------------------------------------------------------ (c) attributes ------
@@ -186,7 +167,7 @@ def test_bfloat16_dtype_is_ml_dtypes():
     assert cudalab.empty(3, dtype="bfloat16").dtype == BF16
 
 
-@pytest.mark.parametrize("dtype", [np.float32, BF16, np.int8, np.bool_], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.int8, np.bool_], ids=dtype_id)
 def test_repr_shows_shape_dtype_and_device(rng, dtype):
     """repr names the shape, the dtype and the device."""
     d = cudalab.asarray(random_array(rng, (3, 4, 5), dtype))
@@ -214,8 +195,8 @@ def test_empty_shape_and_dtype(dtype):
 def test_zeros_and_ones_values(dtype):
     """zeros() is all 0 and ones() all 1, bit-equal to NumPy's."""
     shape = (37, 11)
-    assert_bit_equal(cudalab.zeros(shape, dtype=dtype).get(), np.zeros(shape, dtype=dtype))
-    assert_bit_equal(cudalab.ones(shape, dtype=dtype).get(), np.ones(shape, dtype=dtype))
+    assert_bit_equal(cudalab.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype))
+    assert_bit_equal(cudalab.ones(shape, dtype=dtype), np.ones(shape, dtype=dtype))
 
 
 def test_zeros_after_reused_memory_is_really_zero(rng):
@@ -224,7 +205,7 @@ def test_zeros_after_reused_memory_is_really_zero(rng):
     d = cudalab.asarray(h)
     del d
     gc.collect()
-    assert_bit_equal(cudalab.zeros(100_003, dtype=np.float32).get(), np.zeros(100_003, np.float32))
+    assert_bit_equal(cudalab.zeros(100_003, dtype=np.float32), np.zeros(100_003, np.float32))
 
 
 def test_default_dtype_is_float32():
@@ -238,9 +219,9 @@ def test_full_with_dtype(dtype):
     """full(shape, v, dtype) equals np.full for a value every dtype represents."""
     value = True if dtype == np.bool_ else 7
     for v in (value, 3.5 if is_float(dtype) else value):
-        assert_bit_equal(cudalab.full((5, 9), v, dtype=dtype).get(), np.full((5, 9), v, dtype=dtype))
+        assert_bit_equal(cudalab.full((5, 9), v, dtype=dtype), np.full((5, 9), v, dtype=dtype))
     if dtype.kind == "i" or is_float(dtype):
-        assert_bit_equal(cudalab.full(13, -5, dtype=dtype).get(), np.full(13, -5, dtype=dtype))
+        assert_bit_equal(cudalab.full(13, -5, dtype=dtype), np.full(13, -5, dtype=dtype))
 
 
 @pytest.mark.parametrize(
@@ -251,7 +232,7 @@ def test_full_infers_dtype_from_python_scalar(value, expected):
     """dtype=None: bool -> bool, int -> int64, float -> float32."""
     d = cudalab.full((4, 3), value)
     assert d.dtype == expected
-    assert_bit_equal(d.get(), np.full((4, 3), value, dtype=expected))
+    assert_bit_equal(d, np.full((4, 3), value, dtype=expected))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -262,16 +243,16 @@ def test_like_functions_keep_shape_and_take_dtype(rng, dtype):
     for src in views:
         assert cudalab.empty_like(src).shape == src.shape
         assert cudalab.empty_like(src).dtype == dtype
-        assert_bit_equal(cudalab.zeros_like(src).get(), np.zeros(src.shape, dtype))
-        assert_bit_equal(cudalab.ones_like(src).get(), np.ones(src.shape, dtype))
+        assert_bit_equal(cudalab.zeros_like(src), np.zeros(src.shape, dtype))
+        assert_bit_equal(cudalab.ones_like(src), np.ones(src.shape, dtype))
         fill = True if dtype == np.bool_ else 3
-        assert_bit_equal(cudalab.full_like(src, fill).get(), np.full(src.shape, fill, dtype))
+        assert_bit_equal(cudalab.full_like(src, fill), np.full(src.shape, fill, dtype))
         for other in (np.dtype(np.int32), BF16):
             assert cudalab.empty_like(src, dtype=other).dtype == other
             assert cudalab.empty_like(src, dtype=other).shape == src.shape
-            assert_bit_equal(cudalab.zeros_like(src, dtype=other).get(), np.zeros(src.shape, other))
-            assert_bit_equal(cudalab.ones_like(src, dtype=other).get(), np.ones(src.shape, other))
-            assert_bit_equal(cudalab.full_like(src, 2, dtype=other).get(), np.full(src.shape, 2, other))
+            assert_bit_equal(cudalab.zeros_like(src, dtype=other), np.zeros(src.shape, other))
+            assert_bit_equal(cudalab.ones_like(src, dtype=other), np.ones(src.shape, other))
+            assert_bit_equal(cudalab.full_like(src, 2, dtype=other), np.full(src.shape, 2, other))
 
 
 def test_scalar_and_sequence_shapes():
@@ -282,14 +263,14 @@ def test_scalar_and_sequence_shapes():
     assert cudalab.empty((np.int32(2), 3)).shape == (2, 3)
     z = cudalab.empty(())
     assert z.shape == () and z.ndim == 0 and z.size == 1 and z.strides == ()
-    assert_bit_equal(cudalab.ones(()).get(), np.ones((), np.float32))
-    assert_bit_equal(cudalab.full((), 2.5).get(), np.full((), 2.5, np.float32))
+    assert_bit_equal(cudalab.ones(()), np.ones((), np.float32))
+    assert_bit_equal(cudalab.full((), 2.5), np.full((), 2.5, np.float32))
 
 
 def test_rank_eight_creation():
     """Rank 8 is the maximum and works."""
     shape = (2, 1, 3, 2, 1, 2, 3, 2)
-    assert_bit_equal(cudalab.ones(shape, dtype=np.int8).get(), np.ones(shape, np.int8))
+    assert_bit_equal(cudalab.ones(shape, dtype=np.int8), np.ones(shape, np.int8))
 
 
 def test_zero_size_arrays():
@@ -298,18 +279,18 @@ def test_zero_size_arrays():
     assert e.shape == (0, 3) and e.size == 0 and e.nbytes == 0
     assert e.get().shape == (0, 3)
     z = cudalab.zeros(0)
-    assert_bit_equal(z.get(), np.zeros(0, np.float32))
+    assert_bit_equal(z, np.zeros(0, np.float32))
     a = cudalab.asarray(np.ones((0, 5)))
     assert a.shape == (0, 5) and a.dtype == np.float64
-    assert_bit_equal(a.get(), np.ones((0, 5)))
-    assert_bit_equal(cudalab.full((3, 0, 2), 1.5).get(), np.full((3, 0, 2), 1.5, np.float32))
+    assert_bit_equal(a, np.ones((0, 5)))
+    assert_bit_equal(cudalab.full((3, 0, 2), 1.5), np.full((3, 0, 2), 1.5, np.float32))
     # operations on zero-size arrays
-    assert_bit_equal(a.copy().get(), np.ones((0, 5)))
-    assert_bit_equal(a.T.get(), np.ones((0, 5)).T)
-    assert_bit_equal(a.reshape(5, 0).get(), np.ones((5, 0)))
-    assert_bit_equal(a.astype(np.int8).get(), np.ones((0, 5), np.int8))
-    assert_bit_equal(a[:, 1:3].get(), np.ones((0, 5))[:, 1:3])
-    assert_bit_equal(cudalab.ascontiguousarray(a.T).get(), np.ones((5, 0)))
+    assert_bit_equal(a.copy(), np.ones((0, 5)))
+    assert_bit_equal(a.T, np.ones((0, 5)).T)
+    assert_bit_equal(a.reshape(5, 0), np.ones((5, 0)))
+    assert_bit_equal(a.astype(np.int8), np.ones((0, 5), np.int8))
+    assert_bit_equal(a[:, 1:3], np.ones((0, 5))[:, 1:3])
+    assert_bit_equal(cudalab.ascontiguousarray(a.T), np.ones((5, 0)))
     assert len(a) == 0
 
 
@@ -348,7 +329,7 @@ def test_getitem_matches_numpy_and_is_a_view(rng, key):
     assert isinstance(dv, cudalab.DeviceArray)
     assert dv.shape == hv.shape
     assert dv.dtype == hv.dtype
-    assert_bit_equal(dv.get(), hv)
+    assert_bit_equal(dv, hv)
     assert_view_of(dv, d)
     if hv.size > 0:
         assert dv.data_ptr - d.data_ptr == ptr(hv) - ptr(h)
@@ -361,7 +342,7 @@ def test_getitem_every_dtype_on_fortran_source(rng, dtype):
     d = cudalab.asarray(h)
     for key in [(slice(1, None, 2), slice(None, None, 3)), (3,), (slice(None), -2), (Ellipsis, slice(2, 9, 2))]:
         dv = d[key]
-        assert_bit_equal(dv.get(), h[key])
+        assert_bit_equal(dv, h[key])
         assert_view_of(dv, d)
 
 
@@ -376,7 +357,7 @@ def test_views_of_views_have_the_root_as_base(rng):
     assert d.base is None
     for v, hv in [(v1, h[1:]), (v2, h[1:][::2, 1]), (v3, h[1:][::2, 1].T[2:5])]:
         assert_view_of(v, d)
-        assert_bit_equal(v.get(), hv)
+        assert_bit_equal(v, hv)
     assert v4.base is d
     assert v1.T.base is d
     assert d.T.base is d
@@ -441,7 +422,7 @@ def test_transpose_matches_numpy_and_is_a_view(rng, axes):
     for dv, hv in results:
         assert dv.shape == hv.shape
         assert dv.strides == hv.strides
-        assert_bit_equal(dv.get(), hv)
+        assert_bit_equal(dv, hv)
         assert dv.data_ptr == d.data_ptr
         assert dv.base is d
 
@@ -452,10 +433,10 @@ def test_transpose_of_offset_view(rng):
     d = cudalab.asarray(h)
     v = d[2:, 1::2]
     assert v.T.data_ptr == v.data_ptr
-    assert_bit_equal(v.T.get(), h[2:, 1::2].T)
+    assert_bit_equal(v.T, h[2:, 1::2].T)
     one = d[3]
     assert one.T.shape == (5,)
-    assert_bit_equal(one.T.get(), h[3])
+    assert_bit_equal(one.T, h[3])
 
 
 @pytest.mark.parametrize("axes", [(0, 1), (0, 0, 1), (0, 1, 3), (0, 1, -4), (0, 1, 2, 3)], ids=repr)
@@ -488,7 +469,7 @@ def test_reshape_contiguous_is_a_view(rng, shape):
     expected = h.reshape(shape)
     for r in (d.reshape(shape), d.reshape(*shape), d.reshape(list(shape))):
         assert r.shape == expected.shape
-        assert_bit_equal(r.get(), expected)
+        assert_bit_equal(r, expected)
         assert r.data_ptr == d.data_ptr
         assert r.base is d
 
@@ -499,8 +480,8 @@ def test_reshape_to_and_from_0d(rng):
     d = cudalab.asarray(h)
     z = d.reshape(())
     assert z.shape == ()
-    assert_bit_equal(z.get(), h.reshape(()))
-    assert_bit_equal(z.reshape(1, 1, 1).get(), h.reshape(1, 1, 1))
+    assert_bit_equal(z, h.reshape(()))
+    assert_bit_equal(z.reshape(1, 1, 1), h.reshape(1, 1, 1))
 
 
 # (source view name, new shape): the view-ness is decided by NumPy itself.
@@ -541,7 +522,7 @@ def test_reshape_non_contiguous_view_or_copy_like_numpy(rng, name, shape):
     numpy_is_view = np.shares_memory(expected, h)
     r = ds.reshape(shape)
     assert r.shape == expected.shape
-    assert_bit_equal(r.get(), expected)
+    assert_bit_equal(r, expected)
     if numpy_is_view:
         assert r.data_ptr == ds.data_ptr
         assert r.base is d
@@ -556,7 +537,7 @@ def test_reshape_minus_one_of_transposed_is_a_copy(rng):
     h = random_array(rng, (7, 9), BF16)
     d = cudalab.asarray(h)
     r = d.T.reshape(-1)
-    assert_bit_equal(r.get(), h.T.reshape(-1))
+    assert_bit_equal(r, h.T.reshape(-1))
     assert r.is_contiguous and r.base is None
 
 
@@ -583,46 +564,29 @@ def test_copy_is_contiguous_equal_and_independent(rng, dtype):
         assert c.base is None
         assert c is not src
         assert not (d.data_ptr <= c.data_ptr < d.data_ptr + d.nbytes)
-        assert_bit_equal(c.get(), hsrc)
+        assert_bit_equal(c, hsrc)
     c = d.copy()
     del d, src
     gc.collect()
     # reuse the freed memory with different data; the copy must not change
     other = cudalab.asarray(random_array(rng, (33, 17), dtype))
-    assert_bit_equal(c.get(), h)
+    assert_bit_equal(c, h)
     del other
 
 
-@st.composite
-def strided_views(draw):
-    """A random shape (rank 1..4), slice (start, step 1..3) and permutation."""
-    ndim = draw(st.integers(1, 4))
-    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=ndim, max_size=ndim)))
-    key = []
-    for n in shape:
-        step = draw(st.integers(1, 3))
-        start = draw(st.integers(0, n - 1))
-        key.append(slice(start, None, step))
-    perm = tuple(draw(st.permutations(range(ndim))))
-    dtype = draw(st.sampled_from(DTYPES))
-    seed = draw(st.integers(0, 2**32 - 1))
-    return shape, tuple(key), perm, dtype, seed
-
-
 @settings(max_examples=50, deadline=None)
-@given(strided_views())
-def test_ascontiguousarray_of_random_views(case):
+@given(view_recipes(max_extent=7), st.sampled_from(DTYPES), st.integers(0, 2**32 - 1))
+def test_ascontiguousarray_of_random_views(view, dtype, seed):
     """ascontiguousarray of a random strided/transposed view equals NumPy's bit for bit."""
-    shape, key, perm, dtype, seed = case
-    h = random_array(np.random.default_rng(seed), shape, dtype)
+    h = random_array(np.random.default_rng(seed), view.root_shape, dtype)
     d = cudalab.asarray(h)
-    hv = h[key].transpose(perm)
-    dv = d[key].transpose(perm)
+    hv = view(h)
+    dv = view(d)
     out = cudalab.ascontiguousarray(dv)
     assert out.is_contiguous
     assert out.shape == hv.shape
     assert_c_layout(out, hv.shape, dtype)
-    assert_bit_equal(out.get(), np.ascontiguousarray(hv))
+    assert_bit_equal(out, np.ascontiguousarray(hv))
 
 
 def test_ascontiguousarray_returns_self_when_c_contiguous(rng):
@@ -645,15 +609,15 @@ def test_ascontiguousarray_rank_eight(rng, dtype):
     hv = h[key].transpose(perm)
     out = cudalab.ascontiguousarray(d[key].transpose(perm))
     assert out.is_contiguous
-    assert_bit_equal(out.get(), np.ascontiguousarray(hv))
-    assert_bit_equal(d.T.copy().get(), np.ascontiguousarray(h.T))
+    assert_bit_equal(out, np.ascontiguousarray(hv))
+    assert_bit_equal(d.T.copy(), np.ascontiguousarray(h.T))
 
 
 def test_ascontiguousarray_large_transpose(rng):
     """A large odd-sized transposed copy is right (exercises many blocks)."""
     h = random_array(rng, (1001, 1003), np.float32)
     d = cudalab.asarray(h)
-    assert_bit_equal(cudalab.ascontiguousarray(d.T).get(), np.ascontiguousarray(h.T))
+    assert_bit_equal(cudalab.ascontiguousarray(d.T), np.ascontiguousarray(h.T))
 
 
 # ----------------------------------------------------------- (h) astype -----
@@ -688,7 +652,7 @@ def test_astype_every_pair(rng, src, dst):
         out = dv.astype(dst)
         assert out.dtype == dst
         assert out.shape == hv.shape
-        assert_bit_equal(out.get(), hv.astype(dst))
+        assert_bit_equal(out, hv.astype(dst))
 
 
 def test_astype_large_odd_size(rng):
@@ -696,8 +660,8 @@ def test_astype_large_odd_size(rng):
     h = (rng.integers(1, 101, size=1_000_003) + 0.5).astype(np.float32)
     d = cudalab.asarray(h)
     b = d.astype(BF16)
-    assert_bit_equal(b.get(), h.astype(BF16))
-    assert_bit_equal(b.astype(np.float64).get(), h.astype(BF16).astype(np.float64))
+    assert_bit_equal(b, h.astype(BF16))
+    assert_bit_equal(b.astype(np.float64), h.astype(BF16).astype(np.float64))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -709,7 +673,7 @@ def test_astype_same_dtype(rng, dtype):
     c = d.astype(dtype)
     assert c is not d
     assert c.data_ptr != d.data_ptr
-    assert_bit_equal(c.get(), h)
+    assert_bit_equal(c, h)
 
 
 def test_astype_accepts_dtype_spellings(rng):
@@ -742,9 +706,10 @@ def test_asnumpy_equals_get(rng):
     """asnumpy(d) is d.get(), also for views."""
     h = random_array(rng, (5, 8), np.int64)
     d = cudalab.asarray(h)
-    assert_bit_equal(cudalab.asnumpy(d), d.get())
-    assert_bit_equal(cudalab.asnumpy(d), h)
-    assert_bit_equal(cudalab.asnumpy(d[1:, ::2]), h[1:, ::2])
+    for got, want in [(cudalab.asnumpy(d), d.get()), (cudalab.asnumpy(d), h),
+                      (cudalab.asnumpy(d[1:, ::2]), h[1:, ::2])]:
+        assert isinstance(got, np.ndarray), type(got)
+        assert_bit_equal(got, want)
 
 
 def test_get_returns_a_fresh_writable_array(rng):
@@ -753,7 +718,7 @@ def test_get_returns_a_fresh_writable_array(rng):
     d = cudalab.asarray(h)
     g1 = d.get()
     g1[:] = 1
-    assert_bit_equal(d.get(), h)
+    assert_bit_equal(d, h)
 
 
 def test_asarray_of_devicearray(rng):
@@ -763,29 +728,29 @@ def test_asarray_of_devicearray(rng):
     assert cudalab.asarray(d) is d
     c = cudalab.asarray(d, dtype=np.float64)
     assert c.dtype == np.float64
-    assert_bit_equal(c.get(), h.astype(np.float64))
+    assert_bit_equal(c, h.astype(np.float64))
     v = d[::2, 1:]
     assert cudalab.asarray(v) is v
-    assert_bit_equal(cudalab.asarray(v, dtype=np.int32).get(), h[::2, 1:].astype(np.int32))
+    assert_bit_equal(cudalab.asarray(v, dtype=np.int32), h[::2, 1:].astype(np.int32))
 
 
 def test_asarray_with_dtype_from_numpy(rng):
     """asarray(ndarray, dtype=...) converts like np.asarray(..., dtype=...)."""
     h = astype_source(rng, (4, 9), np.float64, BF16)
     for dt in (np.float16, BF16, np.int32, np.bool_):
-        assert_bit_equal(cudalab.asarray(h, dtype=dt).get(), h.astype(dt))
+        assert_bit_equal(cudalab.asarray(h, dtype=dt), h.astype(dt))
 
 
 def test_asarray_lists_and_scalars_use_numpy_inference(rng):
     """Lists and Python scalars follow NumPy's dtype inference."""
     a = cudalab.asarray([1, 2, 3])
     assert a.dtype == np.int64
-    assert_bit_equal(a.get(), np.asarray([1, 2, 3]))
+    assert_bit_equal(a, np.asarray([1, 2, 3]))
     s = cudalab.asarray(1.5)
     assert s.shape == () and s.dtype == np.float64
-    assert_bit_equal(s.get(), np.asarray(1.5))
+    assert_bit_equal(s, np.asarray(1.5))
     b = cudalab.asarray([True, False, True])
     assert b.dtype == np.bool_
     vals = rng.standard_normal((3, 4)).tolist()
-    assert_bit_equal(cudalab.asarray(vals).get(), np.asarray(vals))
-    assert_bit_equal(cudalab.asarray(vals, dtype="float16").get(), np.asarray(vals, dtype=np.float16))
+    assert_bit_equal(cudalab.asarray(vals), np.asarray(vals))
+    assert_bit_equal(cudalab.asarray(vals, dtype="float16"), np.asarray(vals, dtype=np.float16))

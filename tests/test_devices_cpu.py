@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from _support import assert_arg_error
 
 from cudalab import devices
 from cudalab.devices import FLOPS_PER_CLOCK_PER_SM, PEAK_FLOPS_DTYPES, DeviceProperties
@@ -224,13 +225,13 @@ class CheckOnlyCore:
 @pytest.mark.parametrize("bad", ["a", True, False, 1.0, [0]])
 def test_device_rejects_non_int(monkeypatch, bad):
     monkeypatch.setattr(devices, "_core", CheckOnlyCore())
-    with pytest.raises(TypeError, match=r"^device\(\) argument 'device': expected an int"):
+    with assert_arg_error(TypeError, "device", "device", match="^expected an int"):
         devices.device(bad)
 
 
 def test_device_rejects_negative(monkeypatch):
     monkeypatch.setattr(devices, "_core", CheckOnlyCore())
-    with pytest.raises(ValueError, match=r"^device\(\) argument 'device'.*-1"):
+    with assert_arg_error(ValueError, "device", "device", match="-1"):
         devices.device(-1)
 
 
@@ -317,7 +318,7 @@ def test_get_device_name_and_capability(monkeypatch):
 )
 def test_device_queries_check_their_argument(func):
     """The real extension checks `device` before any GPU access, naming the caller."""
-    with pytest.raises(TypeError, match=rf"^{func}\(\) argument 'device': expected an int"):
+    with assert_arg_error(TypeError, func, "device", match="^expected an int"):
         getattr(devices, func)("0")
-    with pytest.raises(ValueError, match=rf"^{func}\(\) argument 'device'.*-2"):
+    with assert_arg_error(ValueError, func, "device", match="-2"):
         getattr(devices, func)(-2)

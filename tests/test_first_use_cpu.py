@@ -21,14 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _support import driver_library_loadable
+from _support import HAS_GPU, assert_arg_error, driver_library_loadable, no_gpu_only
 
 import cudalab
 from cudalab import _core
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_GPU = not cudalab.is_available()
-NO_DRIVER_HERE = NO_GPU and not driver_library_loadable()
+NO_DRIVER_HERE = not HAS_GPU and not driver_library_loadable()
 no_driver_only = pytest.mark.skipif(not NO_DRIVER_HERE, reason="needs a machine without a driver")
 
 
@@ -223,7 +222,7 @@ def test_argument_errors_come_from_the_public_function(func, call, exc, frame):
     assert _last_frame(info) == frame
 
 
-@pytest.mark.skipif(not NO_GPU, reason="checks NoDeviceError without a GPU")
+@no_gpu_only
 @pytest.mark.parametrize(
     ("func", "frame"),
     [("get_device_properties", "get_device_properties"), ("get_device_name", "get_device_name"),
@@ -250,11 +249,10 @@ ARRAY_ARGS = {
 @pytest.mark.parametrize("func", sorted(ARRAY_ARGS))
 @pytest.mark.parametrize("obj", [np.ones(3), [1.0, 2.0]], ids=["ndarray", "list"])
 def test_expected_array_errors_give_the_asarray_hint(func, obj):
-    with pytest.raises(TypeError) as info:
+    hint = r"^expected a cudalab\.DeviceArray, got "
+    with assert_arg_error(TypeError, func, "a", match=hint) as info:
         ARRAY_ARGS[func](obj)
-    message = str(info.value)
-    assert message.startswith(f"{func}() argument 'a': expected a cudalab.DeviceArray, got ")
-    assert "cudalab.asarray()" in message
+    assert "cudalab.asarray()" in str(info.value)
 
 
 def test_graph_misuse_raises_cudalab_error():
@@ -266,13 +264,13 @@ def test_graph_misuse_raises_cudalab_error():
 
 
 def test_parse_device_helper_checks_its_own_arguments():
-    with pytest.raises(TypeError, match=r"^_parse_device\(\) argument 'caller': expected a str"):
+    with assert_arg_error(TypeError, "_parse_device", "caller", match="^expected a str"):
         _core._parse_device(0, 5)
     assert _core._parse_device(None, "f", check_only=True) is None
     assert _core._parse_device(np.int32(2), "f", check_only=True) == 2
-    with pytest.raises(TypeError, match=r"^f\(\) argument 'device': expected an int, got bool"):
+    with assert_arg_error(TypeError, "f", "device", match="^expected an int, got bool"):
         _core._parse_device(True, "f", check_only=True)
-    with pytest.raises(TypeError, match=r"^f\(\) argument 'device': expected an int, got NoneType"):
+    with assert_arg_error(TypeError, "f", "device", match="^expected an int, got NoneType"):
         _core._exchange_device(None, "f")
 
 

@@ -11,21 +11,18 @@ import gc
 import ml_dtypes
 import numpy as np
 import pytest
+from _support import cupy_device, random_array, torch_cuda
 
 import cudalab
 
 pytestmark = pytest.mark.gpu
 
 
-def _data(rng, shape=(37, 129)):
-    return (rng.standard_normal(shape) + 2.0).astype(np.float32)
-
-
 # ---- our own export/import, no third party ---------------------------------
 
 
 def test_cuda_array_interface_export(rng):
-    a = cudalab.asarray(_data(rng))
+    a = cudalab.asarray(random_array(rng, (37, 129), np.float32))
     cai = a.__cuda_array_interface__
     assert cai["version"] == 3
     assert cai["shape"] == (37, 129)
@@ -52,7 +49,7 @@ def test_dlpack_device():
 
 
 def test_self_round_trip_through_cai_and_capsule(rng):
-    x = _data(rng)
+    x = random_array(rng, (37, 129), np.float32)
     a = cudalab.asarray(x)
 
     class Holder:  # exposes only the CUDA Array Interface
@@ -75,7 +72,7 @@ def test_self_round_trip_through_cai_and_capsule(rng):
 
 
 def test_dlpack_versioned_and_arguments(rng):
-    a = cudalab.asarray(_data(rng, (5, 6)))
+    a = cudalab.asarray(random_array(rng, (5, 6), np.float32))
     cap = a.__dlpack__(max_version=(1, 0))
     v = cudalab.from_dlpack(cap)
     np.testing.assert_array_equal(v.get(), a.get())
@@ -108,14 +105,11 @@ def test_unconsumed_capsule_releases_the_array(memory_baseline):
 
 @pytest.fixture
 def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-    return torch
+    return torch_cuda()
 
 
 def test_torch_reads_and_writes_our_memory(torch, rng):
-    x = _data(rng)
+    x = random_array(rng, (37, 129), np.float32)
     a = cudalab.asarray(x)
     t = torch.from_dlpack(a)
     assert t.data_ptr() == a.data_ptr and t.is_cuda
@@ -132,7 +126,7 @@ def test_torch_reads_and_writes_our_memory(torch, rng):
 
 
 def test_we_read_and_write_torch_memory(torch, rng):
-    x = _data(rng)
+    x = random_array(rng, (37, 129), np.float32)
     t = torch.from_numpy(x).cuda()
     for imported in (cudalab.from_dlpack(t), cudalab.asarray(t)):
         assert imported.data_ptr == t.data_ptr()
@@ -151,7 +145,7 @@ def test_we_read_and_write_torch_memory(torch, rng):
 
 
 def test_torch_producer_deleted_data_stays_valid(torch, rng):
-    x = _data(rng)
+    x = random_array(rng, (37, 129), np.float32)
     t = torch.from_numpy(x).cuda()
     a = cudalab.from_dlpack(t)
     v = a[3:, 1::2]
@@ -164,7 +158,7 @@ def test_torch_producer_deleted_data_stays_valid(torch, rng):
 
 
 def test_torch_consumer_keeps_our_memory(torch, memory_baseline, rng):
-    x = _data(rng, (1000, 1000))
+    x = random_array(rng, (1000, 1000), np.float32)
     a = cudalab.asarray(x)
     held = cudalab.memory_allocated()
     t = torch.from_dlpack(a)
@@ -206,7 +200,7 @@ def test_torch_cpu_tensor_refused_by_from_dlpack(torch):
 def test_torch_side_stream_is_ordered(torch, rng):
     # torch writes on a side stream; our import passes our (legacy) stream to
     # __dlpack__, so torch makes it wait before our add reads the data.
-    x = _data(rng, (2048, 2048))
+    x = random_array(rng, (2048, 2048), np.float32)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         t = torch.from_numpy(x).cuda(non_blocking=False)
@@ -229,16 +223,11 @@ def test_torch_pinned_memory_is_pinned(torch):
 
 @pytest.fixture
 def cupy():
-    cupy = pytest.importorskip("cupy")
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # pragma: no cover
-        pytest.skip("cupy without a usable device")
-    return cupy
+    return cupy_device()
 
 
 def test_cupy_both_ways_cai(cupy, rng):
-    x = _data(rng)
+    x = random_array(rng, (37, 129), np.float32)
     a = cudalab.asarray(x)
     c = cupy.asarray(a)  # CAI import by CuPy
     assert c.data.ptr == a.data_ptr
@@ -254,7 +243,7 @@ def test_cupy_both_ways_cai(cupy, rng):
 
 
 def test_cupy_both_ways_dlpack(cupy, rng):
-    x = _data(rng)
+    x = random_array(rng, (37, 129), np.float32)
     a = cudalab.asarray(x)
     c = cupy.from_dlpack(a)
     assert c.data.ptr == a.data_ptr

@@ -10,26 +10,12 @@ Dtype/shape/out errors need real DeviceArrays and live in test_matmul_gpu.py.
 from __future__ import annotations
 
 import inspect
-import re
 
 import numpy as np
 import pytest
+from _support import DTYPE_IDS, DTYPES, arg_error, is_float
 
 import cudalab
-from _support import DTYPE_IDS, DTYPES, is_float
-
-
-def arg_error(func: str, param: str) -> str:
-    return rf"{re.escape(func)}\(\) argument '{re.escape(param)}'"
-
-
-@pytest.fixture
-def restore_precision():
-    saved = cudalab.get_float32_matmul_precision()
-    try:
-        yield
-    finally:
-        cudalab.set_float32_matmul_precision(saved)
 
 
 def test_public_names():

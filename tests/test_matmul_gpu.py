@@ -14,48 +14,23 @@ operands' exact values: fp64 < 1e-12, fp32 ("highest") < 1e-5, TF32 ("high")
 from __future__ import annotations
 
 import gc
-import re
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _support import (BF16, F16, F32, F64, FLOAT_DTYPES, FLOAT_IDS, arg_error, dtype_id,
+                      random_array, rel_err, run_in_threads, tolerance)
 
 import cudalab
 
 pytestmark = pytest.mark.gpu
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F16 = np.dtype(np.float16)
-F32 = np.dtype(np.float32)
-F64 = np.dtype(np.float64)
-DTYPES = [F64, F32, F16, BF16]
-DTYPE_IDS = [d.name for d in DTYPES]
-TOL = {F64: 1e-12, F32: 1e-5, F16: 1e-2, BF16: 1e-2}
 TF32_TOL = 1e-3
-
-
-def arg_error(param: str) -> str:
-    return rf"matmul\(\) argument '{re.escape(param)}'"
-
-
-def rand(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Random normal host data in `dtype` (values away from zero on average)."""
-    return rng.standard_normal(size=shape).astype(np.dtype(dtype))
 
 
 def ref_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(np.float64), b.astype(np.float64))
-
-
-def rel_err(got, ref) -> float:
-    got = np.asarray(got).astype(np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    denom = np.linalg.norm(ref.ravel())
-    assert denom > 0, "reference is all zeros: the test data is wrong"
-    return float(np.linalg.norm((got - ref).ravel()) / denom)
 
 
 def check(out, a_host, b_host, dtype, tol=None):
@@ -65,8 +40,9 @@ def check(out, a_host, b_host, dtype, tol=None):
     assert out.is_contiguous
     ref = ref_matmul(a_host, b_host)
     assert out.shape == ref.shape
+    assert np.any(ref), "reference is all zeros: the test data is wrong"
     err = rel_err(out.get(), ref)
-    limit = TOL[np.dtype(dtype)] if tol is None else tol
+    limit = tolerance(dtype) if tol is None else tol
     assert err < limit, f"relative error {err:.3g} >= {limit:g}"
     return err
 
@@ -76,19 +52,10 @@ def allocations() -> int:
 
 
 @pytest.fixture
-def restore_precision():
-    saved = cudalab.get_float32_matmul_precision()
-    try:
-        yield
-    finally:
-        cudalab.set_float32_matmul_precision(saved)
-
-
-@pytest.fixture
 def warm(rng):
     """One product per dtype first, so this thread's handle and workspace exist."""
-    for dtype in DTYPES:
-        x = cudalab.asarray(rand(rng, (8, 8), dtype))
+    for dtype in FLOAT_DTYPES:
+        x = cudalab.asarray(random_array(rng, (8, 8), dtype))
         cudalab.matmul(x, x)
     cudalab.synchronize()
 
@@ -108,20 +75,20 @@ SHAPES_2D = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=FLOAT_IDS)
 @pytest.mark.parametrize("mkn", SHAPES_2D, ids=lambda s: "x".join(map(str, s)))
 def test_2d_matches_numpy(rng, dtype, mkn):
     m, k, n = mkn
-    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
     out = cudalab.matmul(cudalab.asarray(a), cudalab.asarray(b))
     assert out.shape == (m, n)
     check(out, a, b, dtype)
 
 
-@pytest.mark.parametrize("dtype", [F16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=dtype_id)
 def test_half_types_accumulate_in_float32(rng, dtype):
     """A long K would lose far more than 1e-2 if partial sums were half precision."""
-    a, b = rand(rng, (16, 8192), dtype), rand(rng, (8192, 24), dtype)
+    a, b = random_array(rng, (16, 8192), dtype), random_array(rng, (8192, 24), dtype)
     check(cudalab.matmul(cudalab.asarray(a), cudalab.asarray(b)), a, b, dtype, tol=5e-3)
 
 
@@ -130,7 +97,7 @@ def test_half_types_accumulate_in_float32(rng, dtype):
 
 def test_float32_precision_high_is_tf32(rng, restore_precision):
     n = 512
-    a, b = rand(rng, (n, n), F32), rand(rng, (n, n), F32)
+    a, b = random_array(rng, (n, n), F32), random_array(rng, (n, n), F32)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     ref = ref_matmul(a, b)
 
@@ -158,9 +125,9 @@ def test_float32_precision_high_is_tf32(rng, restore_precision):
     assert np.array_equal(cudalab.matmul(da, db).get(), highest)
 
 
-@pytest.mark.parametrize("dtype", [F64, F16, BF16], ids=["float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [F64, F16, BF16], ids=dtype_id)
 def test_precision_only_affects_float32(rng, dtype):
-    a, b = rand(rng, (65, 33), dtype), rand(rng, (33, 17), dtype)
+    a, b = random_array(rng, (65, 33), dtype), random_array(rng, (33, 17), dtype)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     hi = cudalab.matmul(da, db, precision="highest").get()
     lo = cudalab.matmul(da, db, precision="high").get()
@@ -181,19 +148,19 @@ def backend():
         cudalab._core._set_matmul_backend(dtype, name)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=FLOAT_IDS)
 @pytest.mark.parametrize("name", ["lt", "cublas"])
 def test_both_backends(rng, backend, dtype, name):
     """The path a dtype does not use by default is correct too (it is the
     fallback when cuBLASLt has no algorithm)."""
     backend(dtype, name)
     for m, k, n in [(37, 129, 5), (1, 40, 1), (64, 1, 33)]:
-        a, b = rand(rng, (k, m), dtype), rand(rng, (k, n), dtype)
+        a, b = random_array(rng, (k, m), dtype), random_array(rng, (k, n), dtype)
         check(cudalab.matmul(cudalab.asarray(a).T, cudalab.asarray(b)), a.T, b, dtype)
-    a, b = rand(rng, (3, 1, 9, 20), dtype), rand(rng, (4, 20, 6), dtype)
+    a, b = random_array(rng, (3, 1, 9, 20), dtype), random_array(rng, (4, 20, 6), dtype)
     check(cudalab.matmul(cudalab.asarray(a), cudalab.asarray(b)), a, b, dtype)
     if dtype == F32:
-        a, b = rand(rng, (256, 256), F32), rand(rng, (256, 256), F32)
+        a, b = random_array(rng, (256, 256), F32), random_array(rng, (256, 256), F32)
         da, db = cudalab.asarray(a), cudalab.asarray(b)
         hi = cudalab.matmul(da, db, precision="highest").get()
         lo = cudalab.matmul(da, db, precision="high").get()
@@ -205,13 +172,13 @@ def test_both_backends(rng, backend, dtype, name):
 # -------------------------------------------- layouts: no copies for views ----
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=FLOAT_IDS)
 @pytest.mark.parametrize("ta", [False, True], ids=["a", "aT"])
 @pytest.mark.parametrize("tb", [False, True], ids=["b", "bT"])
 def test_transposed_views_are_not_copied(rng, warm, dtype, ta, tb):
     m, k, n = 37, 129, 45
-    a = rand(rng, (k, m) if ta else (m, k), dtype)
-    b = rand(rng, (n, k) if tb else (k, n), dtype)
+    a = random_array(rng, (k, m) if ta else (m, k), dtype)
+    b = random_array(rng, (n, k) if tb else (k, n), dtype)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     va, vb = (da.T if ta else da), (db.T if tb else db)
     ha, hb = (a.T if ta else a), (b.T if tb else b)
@@ -221,14 +188,14 @@ def test_transposed_views_are_not_copied(rng, warm, dtype, ta, tb):
     check(out, ha, hb, dtype)
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_id)
 def test_leading_dimension_views_are_not_copied(rng, warm, dtype):
     """Row- and column-major sub-matrices (one unit stride, the other a larger
     leading dimension, unaligned start) go to cuBLAS as they are."""
-    big_a = rand(rng, (61, 150), dtype)  # row-major sources
-    big_b = rand(rng, (140, 53), dtype)
-    big_at = rand(rng, (150, 61), dtype)  # .T of these: column-major sources
-    big_bt = rand(rng, (53, 140), dtype)
+    big_a = random_array(rng, (61, 150), dtype)  # row-major sources
+    big_b = random_array(rng, (140, 53), dtype)
+    big_at = random_array(rng, (150, 61), dtype)  # .T of these: column-major sources
+    big_bt = random_array(rng, (53, 140), dtype)
     da, db, dat, dbt = (cudalab.asarray(x) for x in (big_a, big_b, big_at, big_bt))
     cases = [
         # row-major, ld 150 @ row-major, ld 53
@@ -245,11 +212,11 @@ def test_leading_dimension_views_are_not_copied(rng, warm, dtype):
         check(out, ha, hb, dtype)
 
 
-@pytest.mark.parametrize("dtype", [F64, F32, F16], ids=["float64", "float32", "float16"])
+@pytest.mark.parametrize("dtype", [F64, F32, F16], ids=dtype_id)
 def test_general_strided_views_are_made_contiguous(rng, dtype):
     """Both strides > 1 (steps in both axes) cannot go to cuBLAS: copied first."""
-    big_a = rand(rng, (80, 90), dtype)
-    big_b = rand(rng, (100, 70), dtype)
+    big_a = random_array(rng, (80, 90), dtype)
+    big_b = random_array(rng, (100, 70), dtype)
     da, db = cudalab.asarray(big_a), cudalab.asarray(big_b)
     va, ha = da[::2, ::3], big_a[::2, ::3]  # (40, 30)
     vb, hb = db[1:91:3, ::2], big_b[1:91:3, ::2]  # (30, 35)
@@ -260,7 +227,7 @@ def test_general_strided_views_are_made_contiguous(rng, dtype):
 # ---------------------------------------------------------------- batched ----
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=FLOAT_IDS)
 @pytest.mark.parametrize(
     "sa,sb",
     [
@@ -276,7 +243,7 @@ def test_general_strided_views_are_made_contiguous(rng, dtype):
     ids=lambda s: "x".join(map(str, s)),
 )
 def test_batched_and_broadcast(rng, dtype, sa, sb):
-    a, b = rand(rng, sa, dtype), rand(rng, sb, dtype)
+    a, b = random_array(rng, sa, dtype), random_array(rng, sb, dtype)
     out = cudalab.matmul(cudalab.asarray(a), cudalab.asarray(b))
     ref_shape = np.matmul(np.ones(sa), np.ones(sb)).shape
     assert out.shape == ref_shape
@@ -284,10 +251,10 @@ def test_batched_and_broadcast(rng, dtype, sa, sb):
         check(out, a, b, dtype)
 
 
-@pytest.mark.parametrize("dtype", [F32, F16], ids=["float32", "float16"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=dtype_id)
 def test_batched_transposed_views_are_not_copied(rng, warm, dtype):
-    a = rand(rng, (6, 21, 37), dtype)  # used as (6, 37, 21)
-    b = rand(rng, (6, 13, 21), dtype)  # used as (6, 21, 13)
+    a = random_array(rng, (6, 21, 37), dtype)  # used as (6, 37, 21)
+    b = random_array(rng, (6, 13, 21), dtype)  # used as (6, 21, 13)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     va, vb = da.transpose(0, 2, 1), db.transpose(0, 2, 1)
     ha, hb = a.transpose(0, 2, 1), b.transpose(0, 2, 1)
@@ -296,7 +263,7 @@ def test_batched_transposed_views_are_not_copied(rng, warm, dtype):
     assert allocations() - before == 1
     check(out, ha, hb, dtype)
     # A broadcast (stride-0) batch operand is not copied either.
-    c = rand(rng, (37, 21), dtype)
+    c = random_array(rng, (37, 21), dtype)
     dc = cudalab.asarray(c)
     before = allocations()
     out = cudalab.matmul(dc, vb)
@@ -306,8 +273,8 @@ def test_batched_transposed_views_are_not_copied(rng, warm, dtype):
 
 def test_batch_of_views_with_gaps(rng):
     """A batch slice with a step keeps one constant batch stride."""
-    a = rand(rng, (10, 9, 12), F32)
-    b = rand(rng, (11, 12, 7), F32)
+    a = random_array(rng, (10, 9, 12), F32)
+    b = random_array(rng, (11, 12, 7), F32)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     check(cudalab.matmul(da[::3], db[1::3]), a[::3], b[1::3], F32)
 
@@ -315,21 +282,21 @@ def test_batch_of_views_with_gaps(rng):
 # ----------------------------------------------------------- 1-D operands ----
 
 
-@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=dtype_id)
 def test_vector_operands_follow_numpy(rng, dtype):
     m, k, n = 19, 33, 23
-    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
-    v, w = rand(rng, (k,), dtype), rand(rng, (k,), dtype)
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    v, w = random_array(rng, (k,), dtype), random_array(rng, (k,), dtype)
     da, db, dv, dw = (cudalab.asarray(x) for x in (a, b, v, w))
     check(cudalab.matmul(dv, db), v, b, dtype)  # (n,)
     check(cudalab.matmul(da, dv), a, v, dtype)  # (m,)
     out = cudalab.matmul(dv, dw)  # 0-d
     assert out.shape == ()
     check(out, v, w, dtype)
-    batched = rand(rng, (4, m, k), dtype)
+    batched = random_array(rng, (4, m, k), dtype)
     check(cudalab.matmul(cudalab.asarray(batched), dv), batched, v, dtype)  # (4, m)
     # Strided vector views (step 2) need no copy either.
-    big = rand(rng, (2 * k,), dtype)
+    big = random_array(rng, (2 * k,), dtype)
     dbig = cudalab.asarray(big)
     check(cudalab.matmul(dbig[::2], db), big[::2], b, dtype)
     check(cudalab.matmul(da, dbig[1::2]), a, big[1::2], dtype)
@@ -339,8 +306,8 @@ def test_vector_operands_follow_numpy(rng, dtype):
 
 
 def test_empty_and_k0(rng):
-    a = cudalab.asarray(rand(rng, (0, 5), F32))
-    b = cudalab.asarray(rand(rng, (5, 3), F32))
+    a = cudalab.asarray(random_array(rng, (0, 5), F32))
+    b = cudalab.asarray(random_array(rng, (5, 3), F32))
     assert cudalab.matmul(a, b).shape == (0, 3)
     a = cudalab.asarray(np.empty((4, 0), dtype=np.float32))
     b = cudalab.asarray(np.empty((0, 3), dtype=np.float32))
@@ -356,9 +323,9 @@ def test_empty_and_k0(rng):
 # -------------------------------------------------------------------- out= ----
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=dtype_id)
 def test_out_argument(rng, dtype):
-    a, b = rand(rng, (3, 37, 20), dtype), rand(rng, (20, 9), dtype)
+    a, b = random_array(rng, (3, 37, 20), dtype), random_array(rng, (20, 9), dtype)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     out = cudalab.empty((3, 37, 9), dtype=dtype)
     before = allocations()
@@ -369,7 +336,7 @@ def test_out_argument(rng, dtype):
 
 
 def test_out_overlapping_an_operand(rng):
-    a, b = rand(rng, (33, 33), F32), rand(rng, (33, 33), F32)
+    a, b = random_array(rng, (33, 33), F32), random_array(rng, (33, 33), F32)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     got = cudalab.matmul(da, db, out=da)
     assert got is da
@@ -381,14 +348,14 @@ def test_out_overlapping_an_operand(rng):
 
 
 def test_out_errors(rng):
-    da = cudalab.asarray(rand(rng, (5, 4), F32))
-    db = cudalab.asarray(rand(rng, (4, 3), F32))
+    da = cudalab.asarray(random_array(rng, (5, 4), F32))
+    db = cudalab.asarray(random_array(rng, (4, 3), F32))
     with pytest.raises(ValueError) as info:
         cudalab.matmul(da, db, out=cudalab.empty((3, 5), dtype=np.float32))
     assert str(info.value) == (
         "matmul() argument 'out': has shape (3, 5) but the result has shape (5, 3)"
     )
-    with pytest.raises(ValueError, match=arg_error("out") + r".*shape"):
+    with pytest.raises(ValueError, match=arg_error("matmul", "out") + r".*shape"):
         cudalab.matmul(da, db, out=cudalab.empty((1, 5, 3), dtype=np.float32))
     with pytest.raises(TypeError) as info:
         cudalab.matmul(da, db, out=cudalab.empty((5, 3), dtype=np.float64))
@@ -405,16 +372,16 @@ def test_out_errors(rng):
         "(copy host data to the device with cudalab.asarray())"
     )
     # Shape before dtype: the first thing wrong with out= is reported.
-    with pytest.raises(ValueError, match=arg_error("out") + r".*shape"):
+    with pytest.raises(ValueError, match=arg_error("matmul", "out") + r".*shape"):
         cudalab.matmul(da, db, out=cudalab.empty((3, 5), dtype=np.float64))
 
 
 # ------------------------------------------------------------ the operator ----
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=FLOAT_IDS)
 def test_matmul_operator(rng, dtype):
-    a, b = rand(rng, (2, 17, 31), dtype), rand(rng, (31, 11), dtype)
+    a, b = random_array(rng, (2, 17, 31), dtype), random_array(rng, (31, 11), dtype)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     out = da @ db
     check(out, a, b, dtype)
@@ -425,7 +392,7 @@ def test_matmul_operator(rng, dtype):
 
 
 def test_matmul_operator_with_numpy_is_type_error(rng):
-    da = cudalab.asarray(rand(rng, (3, 3), F32))
+    da = cudalab.asarray(random_array(rng, (3, 3), F32))
     with pytest.raises(TypeError):
         da @ np.ones((3, 3), dtype=np.float32)  # noqa: B018
     with pytest.raises(TypeError):
@@ -436,18 +403,18 @@ def test_matmul_operator_with_numpy_is_type_error(rng):
 
 
 def test_argument_errors(rng):
-    f32 = cudalab.asarray(rand(rng, (4, 5), F32))
-    f32b = cudalab.asarray(rand(rng, (5, 3), F32))
-    f16 = cudalab.asarray(rand(rng, (5, 3), F16))
+    f32 = cudalab.asarray(random_array(rng, (4, 5), F32))
+    f32b = cudalab.asarray(random_array(rng, (5, 3), F32))
+    f16 = cudalab.asarray(random_array(rng, (5, 3), F16))
     i32 = cudalab.asarray(np.arange(1, 21, dtype=np.int32).reshape(4, 5))
     boo = cudalab.asarray(np.ones((5, 3), dtype=np.bool_))
-    with pytest.raises(TypeError, match=arg_error("b") + r".*float16.*float32"):
+    with pytest.raises(TypeError, match=arg_error("matmul", "b") + r".*float16.*float32"):
         cudalab.matmul(f32, f16)
-    with pytest.raises(TypeError, match=arg_error("b")):
+    with pytest.raises(TypeError, match=arg_error("matmul", "b")):
         f32 @ f16  # noqa: B018
-    with pytest.raises(TypeError, match=arg_error("a") + r".*int32"):
+    with pytest.raises(TypeError, match=arg_error("matmul", "a") + r".*int32"):
         cudalab.matmul(i32, f32b)
-    with pytest.raises(TypeError, match=arg_error("b") + r".*bool"):
+    with pytest.raises(TypeError, match=arg_error("matmul", "b") + r".*bool"):
         cudalab.matmul(f32, boo)
     with pytest.raises(TypeError) as info:
         cudalab.matmul(f32, np.ones((5, 3), dtype=np.float32))
@@ -455,18 +422,17 @@ def test_argument_errors(rng):
         "matmul() argument 'b': expected a cudalab.DeviceArray, got numpy.ndarray "
         "(copy host data to the device with cudalab.asarray())"
     )
-    with pytest.raises(ValueError, match=arg_error("b") + r".*contracted"):
+    with pytest.raises(ValueError, match=arg_error("matmul", "b") + r".*contracted"):
         cudalab.matmul(f32, f32)
-    with pytest.raises(ValueError, match=arg_error("b") + r".*broadcast"):
-        cudalab.matmul(
-            cudalab.asarray(rand(rng, (2, 4, 5), F32)), cudalab.asarray(rand(rng, (3, 5, 3), F32))
-        )
+    with pytest.raises(ValueError, match=arg_error("matmul", "b") + r".*broadcast"):
+        cudalab.matmul(cudalab.asarray(random_array(rng, (2, 4, 5), F32)),
+                       cudalab.asarray(random_array(rng, (3, 5, 3), F32)))
     scalar = cudalab.asarray(np.float32(2.0))
-    with pytest.raises(ValueError, match=arg_error("a")):
+    with pytest.raises(ValueError, match=arg_error("matmul", "a")):
         cudalab.matmul(scalar, f32b)
-    with pytest.raises(ValueError, match=arg_error("b")):
+    with pytest.raises(ValueError, match=arg_error("matmul", "b")):
         cudalab.matmul(f32, scalar)
-    with pytest.raises(ValueError, match=arg_error("precision")):
+    with pytest.raises(ValueError, match=arg_error("matmul", "precision")):
         cudalab.matmul(f32, f32b, precision="medium")
 
 
@@ -482,7 +448,7 @@ def test_profiler_record(rng, sa, sb):
     """FLOPs 2 M N K per matrix product; bytes: a, b and the result once each."""
     from cudalab.profiler import profile
 
-    a, b = rand(rng, sa, BF16), rand(rng, sb, BF16)
+    a, b = random_array(rng, sa, BF16), random_array(rng, sb, BF16)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
     cudalab.matmul(da, db)  # warm-up: handle and plan
     with profile() as prof:
@@ -499,12 +465,12 @@ def test_profiler_record(rng, sa, sb):
     check(out, a, b, BF16)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=FLOAT_IDS)
 def test_captured_in_a_cuda_graph(rng, warm, dtype):
     """After a warm-up, matmuls (cuBLASLt or cuBLAS; a looped batch and a
     transposed view) capture into a CUDA graph and replay on new values."""
-    a, b = rand(rng, (3, 1, 37, 20), dtype), rand(rng, (2, 20, 9), dtype)
-    a_t = rand(rng, (20, 37), dtype)  # used as a_t.T
+    a, b = random_array(rng, (3, 1, 37, 20), dtype), random_array(rng, (2, 20, 9), dtype)
+    a_t = random_array(rng, (20, 37), dtype)  # used as a_t.T
     da, db, dat = cudalab.asarray(a), cudalab.asarray(b), cudalab.asarray(a_t)
     cudalab.matmul(da, db), cudalab.matmul(dat.T, db)  # warm-up: plans
     cudalab.synchronize()
@@ -516,9 +482,9 @@ def test_captured_in_a_cuda_graph(rng, warm, dtype):
     check(y1, a, b, dtype)
     check(y2, a_t.T, b, dtype)
     # New operand values in place; the replay reads them.
-    da += cudalab.asarray(rand(rng, a.shape, dtype))
-    db += cudalab.asarray(rand(rng, b.shape, dtype))
-    dat += cudalab.asarray(rand(rng, a_t.shape, dtype))
+    da += cudalab.asarray(random_array(rng, a.shape, dtype))
+    db += cudalab.asarray(random_array(rng, b.shape, dtype))
+    dat += cudalab.asarray(random_array(rng, a_t.shape, dtype))
     a2, b2, a_t2 = da.get(), db.get(), dat.get()
     g.replay()
     check(y1, a2, b2, dtype)
@@ -530,8 +496,8 @@ def test_captured_in_a_cuda_graph(rng, warm, dtype):
 
 def test_workspace_is_allocated_once_per_thread(rng, warm):
     """Later products allocate only their outputs (the workspace is kept)."""
-    da = cudalab.asarray(rand(rng, (64, 48), F32))
-    db = cudalab.asarray(rand(rng, (48, 40), F32))
+    da = cudalab.asarray(random_array(rng, (64, 48), F32))
+    db = cudalab.asarray(random_array(rng, (48, 40), F32))
     before = allocations()
     outs = [cudalab.matmul(da, db) for _ in range(5)]
     assert allocations() - before == 5
@@ -541,27 +507,13 @@ def test_workspace_is_allocated_once_per_thread(rng, warm):
 
 def test_matmul_from_another_thread(rng):
     """A new thread gets its own handles and workspace; both threads stay correct."""
-    import threading
-
-    a, b = rand(rng, (70, 50), F32), rand(rng, (50, 30), F32)
+    a, b = random_array(rng, (70, 50), F32), random_array(rng, (50, 30), F32)
     da, db = cudalab.asarray(a), cudalab.asarray(b)
-    results, errors = [], []
-
-    def work():
-        try:
-            results.append(cudalab.matmul(da, db).get())
-        except Exception as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = []
+    run_in_threads(lambda i: results.append(cudalab.matmul(da, db).get()), 3)
     assert len(results) == 3
     for r in results:
-        assert rel_err(r, ref_matmul(a, b)) < TOL[F32]
+        assert rel_err(r, ref_matmul(a, b)) < tolerance(F32)
     # The ended threads' handles are released by the next call, which still works.
     check(cudalab.matmul(da, db), a, b, F32)
     cudalab.synchronize()
@@ -586,8 +538,8 @@ def test_hypothesis_shapes_and_layouts(m, k, n, batch, ta, tb, step, dtype, seed
     rng = np.random.default_rng(seed)
     nb = len(batch)
     # a: (batch, m, k), stored transposed when ta; every other column when step == 2.
-    a_store = rand(rng, batch + ((k, m * step) if ta else (m, k * step)), dtype)
-    b_store = rand(rng, batch + ((n, k) if tb else (k, n)), dtype)
+    a_store = random_array(rng, batch + ((k, m * step) if ta else (m, k * step)), dtype)
+    b_store = random_array(rng, batch + ((n, k) if tb else (k, n)), dtype)
     da, db = cudalab.asarray(a_store), cudalab.asarray(b_store)
     idx = (slice(None),) * (nb + 1) + (slice(None, None, step),)
     va, ha = da[idx], a_store[idx]

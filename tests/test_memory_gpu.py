@@ -11,6 +11,7 @@ import gc
 import numpy as np
 import psutil
 import pytest
+from _support import random_array
 
 import cudalab
 from cudalab.memory import STAT_KEYS
@@ -19,10 +20,6 @@ pytestmark = pytest.mark.gpu
 
 GiB = 1 << 30
 MiB = 1 << 20
-
-
-def random_f32(rng: np.random.Generator, shape) -> np.ndarray:
-    return rng.standard_normal(size=shape).astype(np.float32)
 
 
 def total_memory() -> int:
@@ -192,7 +189,7 @@ def test_fraction_limit_raises_out_of_memory(memory_baseline, rng):
         cudalab.zeros(request, dtype=np.uint8)
     # nothing leaked, and allocations under the limit still work
     assert cudalab.memory_allocated() == memory_baseline
-    h = random_f32(rng, (1001, 7))
+    h = random_array(rng, (1001, 7), np.float32)
     d = cudalab.asarray(h)
     assert d.get().tobytes() == h.tobytes()
     under = cudalab.empty(int(0.05 * total), dtype=np.uint8)
@@ -239,7 +236,7 @@ def test_100_consecutive_ooms_leave_the_process_working(memory_baseline, rng):
         assert info.value.requested == 2 * total
         assert cudalab.memory_allocated() == memory_baseline, f"leak after OOM #{i + 1}"
     assert cudalab.memory_stats()["num_ooms"] - ooms_before == 100
-    h = random_f32(rng, (513, 255))
+    h = random_array(rng, (513, 255), np.float32)
     d = cudalab.asarray(h)
     assert d.get().tobytes() == h.tobytes()
     a = cudalab.empty(GiB, dtype=np.uint8)
@@ -281,7 +278,7 @@ def test_100k_small_create_free_cycles_leak_nothing(memory_baseline):
 
 def test_views_keep_their_base_alive(memory_baseline, rng):
     """A view keeps the owner's memory alive after the owner's last reference goes."""
-    h = random_f32(rng, (1000, 257))
+    h = random_array(rng, (1000, 257), np.float32)
     d = cudalab.asarray(h)
     v = d[1:]
     w = v[::3, 5:]  # view of a view
@@ -291,7 +288,7 @@ def test_views_keep_their_base_alive(memory_baseline, rng):
     gc.collect()
     assert cudalab.memory_allocated() == held
     # allocate and fill fresh memory: had the base been freed, it could land here
-    other = cudalab.asarray(random_f32(rng, (1000, 257)))
+    other = cudalab.asarray(random_array(rng, (1000, 257), np.float32))
     assert v.get().tobytes() == h[1:].tobytes()
     assert w.get().tobytes() == np.ascontiguousarray(h[1:][::3, 5:]).tobytes()
     del other

@@ -6,12 +6,10 @@ where the outcome differs)."""
 from __future__ import annotations
 
 import pytest
+from _support import assert_arg_error, no_gpu_only
 
 import cudalab
 from cudalab import CUDAGraph, Event, Stream
-
-HAS_GPU = cudalab.is_available()
-no_gpu_only = pytest.mark.skipif(HAS_GPU, reason="checks NoDeviceError without a GPU")
 
 
 def test_public_names():
@@ -23,23 +21,23 @@ def test_public_names():
 
 @pytest.mark.parametrize("bad", ["a", 1.5, None, True, [0]])
 def test_stream_priority_type(bad):
-    with pytest.raises(TypeError, match=r"^Stream\(\) argument 'priority': expected an int"):
+    with assert_arg_error(TypeError, "Stream", "priority", match="^expected an int"):
         Stream(priority=bad)
 
 
 def test_stream_priority_out_of_range_value():
-    with pytest.raises(ValueError, match=r"^Stream\(\) argument 'priority'"):
+    with assert_arg_error(ValueError, "Stream", "priority"):
         Stream(priority=10**30)
 
 
 @pytest.mark.parametrize("bad", ["0", 1.0, True])
 def test_stream_device_type(bad):
-    with pytest.raises(TypeError, match=r"^Stream\(\) argument 'device'"):
+    with assert_arg_error(TypeError, "Stream", "device"):
         Stream(device=bad)
 
 
 def test_stream_device_negative():
-    with pytest.raises(ValueError, match=r"^Stream\(\) argument 'device'"):
+    with assert_arg_error(ValueError, "Stream", "device"):
         Stream(device=-1)
 
 
@@ -68,14 +66,14 @@ def test_event_flag_truthiness_errors_propagate():
 
 
 def test_graph_requires_cudagraph():
-    with pytest.raises(TypeError, match=r"^graph\(\) argument 'cuda_graph': expected a CUDAGraph"):
+    with assert_arg_error(TypeError, "graph", "cuda_graph", match="^expected a CUDAGraph"):
         cudalab.graph(object())
-    with pytest.raises(TypeError, match=r"^graph\(\) argument 'cuda_graph'"):
+    with assert_arg_error(TypeError, "graph", "cuda_graph"):
         cudalab.graph(None)
 
 
 def test_graph_stream_type():
-    with pytest.raises(TypeError, match=r"^graph\(\) argument 'stream': expected a Stream"):
+    with assert_arg_error(TypeError, "graph", "stream", match="^expected a Stream"):
         cudalab.graph(CUDAGraph(), stream="s")
 
 
@@ -99,12 +97,12 @@ def test_cudagraph_fresh_state():
 
 
 def test_capture_begin_type():
-    with pytest.raises(TypeError, match=r"^capture_begin\(\) argument 'stream': expected a Stream"):
+    with assert_arg_error(TypeError, "capture_begin", "stream", match="^expected a Stream"):
         CUDAGraph().capture_begin(3)
 
 
 def test_stream_helper_type():
-    with pytest.raises(TypeError, match=r"^stream\(\) argument 's'"):
+    with assert_arg_error(TypeError, "stream", "s"):
         cudalab.stream(5)  # checked when called, before any `with`
     with cudalab.stream(None) as s:  # None: a no-op, as torch.cuda.stream(None)
         assert s is None

@@ -14,16 +14,12 @@ import threading
 
 import numpy as np
 import pytest
+from _support import assert_arg_error, random_array, rel_err, run_in_threads
 
 import cudalab as cl
 from cudalab import CUDAGraph, Event, Stream
 
 pytestmark = pytest.mark.gpu
-
-
-def rel_err(out, ref):
-    ref = np.asarray(ref, dtype=np.float64)
-    return np.linalg.norm(np.asarray(out, dtype=np.float64) - ref) / np.linalg.norm(ref)
 
 
 def long_work(n=2048, reps=4):
@@ -55,16 +51,16 @@ def test_stream_attributes_and_identity():
 def test_stream_priority_range():
     lo = Stream(priority=-1)  # every CUDA GPU since Kepler has >= 2 levels
     assert lo.priority == -1
-    with pytest.raises(ValueError, match=r"^Stream\(\) argument 'priority': must be in"):
+    with assert_arg_error(ValueError, "Stream", "priority", match="^must be in"):
         Stream(priority=1)
-    with pytest.raises(ValueError, match=r"^Stream\(\) argument 'priority'"):
+    with assert_arg_error(ValueError, "Stream", "priority"):
         Stream(priority=-100)
 
 
 def test_stream_device_argument():
     s = Stream(device=0)
     assert s.device == 0
-    with pytest.raises(ValueError, match=r"^Stream\(\) argument 'device': device"):
+    with assert_arg_error(ValueError, "Stream", "device", match="^device"):
         Stream(device=cl.device_count())
 
 
@@ -80,7 +76,7 @@ def test_stream_query_and_synchronize():
 
 
 def test_stream_wait_stream_orders_work(rng):
-    x_h = rng.standard_normal(1 << 20, dtype=np.float32)
+    x_h = random_array(rng, 1 << 20, np.float32)
     x = cl.asarray(x_h)
     s1, s2 = Stream(), Stream()
     s1.wait_stream(cl.current_stream())
@@ -97,7 +93,7 @@ def test_stream_wait_stream_orders_work(rng):
 
 
 def test_stream_wait_event(rng):
-    x_h = rng.standard_normal(100003, dtype=np.float32)
+    x_h = random_array(rng, 100003, np.float32)
     x = cl.asarray(x_h)
     s1, s2 = Stream(), Stream()
     s1.wait_stream(cl.current_stream())
@@ -114,15 +110,15 @@ def test_stream_wait_event(rng):
 
 def test_wait_and_record_argument_errors():
     s = Stream()
-    with pytest.raises(TypeError, match=r"^wait_event\(\) argument 'event': expected an Event"):
+    with assert_arg_error(TypeError, "wait_event", "event", match="^expected an Event"):
         s.wait_event(s)
-    with pytest.raises(TypeError, match=r"^wait_stream\(\) argument 'stream': expected a Stream"):
+    with assert_arg_error(TypeError, "wait_stream", "stream", match="^expected a Stream"):
         s.wait_stream(Event())
     with pytest.raises(ValueError, match="never recorded"):
         s.wait_event(Event())
-    with pytest.raises(TypeError, match=r"^record_event\(\) argument 'event'"):
+    with assert_arg_error(TypeError, "record_event", "event"):
         s.record_event(5)
-    with pytest.raises(TypeError, match=r"^record\(\) argument 'stream'"):
+    with assert_arg_error(TypeError, "record", "stream"):
         Event().record(stream=1)
 
 
@@ -157,7 +153,7 @@ def test_with_stream_restores_on_exception():
 
 
 def test_arrays_allocated_on_current_stream(rng):
-    x_h = rng.standard_normal(4097, dtype=np.float32)
+    x_h = random_array(rng, 4097, np.float32)
     s = Stream()
     with s:
         x = cl.asarray(x_h)
@@ -189,31 +185,23 @@ def test_current_stream_is_per_thread():
 
 def test_threads_with_own_streams_get_correct_results(rng):
     n_threads, n = 6, 200_003
-    inputs = [rng.standard_normal(n, dtype=np.float32) for _ in range(n_threads)]
-    results, errors = [None] * n_threads, []
+    inputs = [random_array(rng, n, np.float32) for _ in range(n_threads)]
+    results = [None] * n_threads
     barrier = threading.Barrier(n_threads)
 
     def worker(i):
-        try:
-            x = cl.asarray(inputs[i])
-            s = Stream()
-            s.wait_stream(cl.current_stream())
-            barrier.wait()
-            with s:
-                y = x * 2.0 + float(i)
-                for _ in range(30):
-                    y += x
-                z = cl.sum(y)
-                results[i] = (y.get(), float(z.get()))
-        except BaseException as e:  # reported below
-            errors.append(e)
+        x = cl.asarray(inputs[i])
+        s = Stream()
+        s.wait_stream(cl.current_stream())
+        barrier.wait()
+        with s:
+            y = x * 2.0 + float(i)
+            for _ in range(30):
+                y += x
+            z = cl.sum(y)
+            results[i] = (y.get(), float(z.get()))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(worker, n_threads)
     for i in range(n_threads):
         ref = inputs[i].astype(np.float64) * 32.0 + i
         assert rel_err(results[i][0], ref) < 1e-5
@@ -258,13 +246,13 @@ def test_event_errors():
     plain.record()
     with pytest.raises(ValueError, match="enable_timing=False"):
         plain.elapsed_time(timed)
-    with pytest.raises(ValueError, match=r"^elapsed_time\(\) argument 'end': .*enable_timing"):
+    with assert_arg_error(ValueError, "elapsed_time", "end", match="enable_timing"):
         timed.elapsed_time(plain)
     with pytest.raises(ValueError, match="never recorded"):
         Event().elapsed_time(timed)
-    with pytest.raises(ValueError, match=r"^elapsed_time\(\) argument 'end': .*never recorded"):
+    with assert_arg_error(ValueError, "elapsed_time", "end", match="never recorded"):
         timed.elapsed_time(Event())
-    with pytest.raises(TypeError, match=r"^elapsed_time\(\) argument 'end': expected an Event"):
+    with assert_arg_error(TypeError, "elapsed_time", "end", match="^expected an Event"):
         timed.elapsed_time(1.0)
     assert Event(enable_timing="x").query() is True  # truthiness; unrecorded: done
     assert "never recorded" in repr(Event())
@@ -274,8 +262,8 @@ def test_event_errors():
 
 
 def test_record_stream_arguments(rng):
-    x = cl.asarray(rng.standard_normal(10, dtype=np.float32))
-    with pytest.raises(TypeError, match=r"^record_stream\(\) argument 'stream'"):
+    x = cl.asarray(random_array(rng, 10, np.float32))
+    with assert_arg_error(TypeError, "record_stream", "stream"):
         x.record_stream(0)
     s = Stream()
     assert x.record_stream(s) is None
@@ -289,7 +277,7 @@ def test_free_while_another_stream_reads(rng):
     n = 2048
     s2 = Stream()
     for it in range(4):
-        x_h = (rng.standard_normal((n, n), dtype=np.float32) / n**0.5).astype(np.float32)
+        x_h = (random_array(rng, (n, n), np.float32) / n**0.5).astype(np.float32)
         x = cl.asarray(x_h)
         s2.wait_stream(cl.current_stream())
         with s2:
@@ -307,7 +295,7 @@ def test_free_of_side_stream_array_used_on_default(rng):
     """The mirror case: allocated on s, read on the default stream, freed."""
     n = 1 << 22
     s = Stream()
-    x_h = rng.standard_normal(n, dtype=np.float32)
+    x_h = random_array(rng, n, np.float32)
     with s:
         x = cl.asarray(x_h)
         s.synchronize()
@@ -323,7 +311,7 @@ def test_free_of_side_stream_array_used_on_default(rng):
 
 
 def test_many_streams_overflow_free_is_safe(rng):
-    x_h = rng.standard_normal(1 << 16, dtype=np.float32)
+    x_h = random_array(rng, 1 << 16, np.float32)
     x = cl.asarray(x_h)
     outs = []
     streams = [Stream() for _ in range(7)]  # more than the recorded-stream slots
@@ -356,7 +344,7 @@ def _chain(x, y):
 
 
 def test_graph_replay_matches_eager(rng):
-    x_h = rng.standard_normal(1024, dtype=np.float32)
+    x_h = random_array(rng, 1024, np.float32)
     x = cl.asarray(x_h)
     eager = _chain(x, x * 1.0).get()
 
@@ -392,7 +380,7 @@ def test_graph_replay_matches_eager(rng):
 
 
 def test_graph_on_given_stream_and_replay_on_side_stream(rng):
-    x_h = rng.standard_normal(1000, dtype=np.float32)
+    x_h = random_array(rng, 1000, np.float32)
     x = cl.asarray(x_h)
     g, cap = CUDAGraph(), Stream()
     with cl.graph(g, stream=cap):
@@ -417,7 +405,7 @@ def test_graph_legacy_stream_refused():
 
 @pytest.mark.parametrize("bad", ["synchronize", "get", "stream_sync"])
 def test_uncapturable_op_raises_and_stream_stays_usable(rng, bad):
-    x_h = rng.standard_normal(777, dtype=np.float32)
+    x_h = random_array(rng, 777, np.float32)
     x = cl.asarray(x_h)
     g, cap = CUDAGraph(), Stream()
     with pytest.raises(cl.CudalabError):
@@ -462,7 +450,7 @@ REFUSED_WHILE_CAPTURING = {
 
 @pytest.mark.parametrize("op", sorted(REFUSED_WHILE_CAPTURING))
 def test_capture_refuses_unsafe_calls_and_stays_valid(rng, op):
-    x_h = rng.standard_normal(1001, dtype=np.float32)
+    x_h = random_array(rng, 1001, np.float32)
     x = cl.asarray(x_h)
     ev = Event()
     ev.record()
@@ -482,7 +470,7 @@ def test_capture_refuses_unsafe_calls_and_stays_valid(rng, op):
 
 def test_capture_takes_pinned_async_copies(rng):
     n = 513
-    x_h = rng.standard_normal(n, dtype=np.float32)
+    x_h = random_array(rng, n, np.float32)
     src, out = cl.pinned_empty(n), cl.pinned_empty(n)
     src[:] = x_h
     out[:] = np.nan
@@ -501,7 +489,7 @@ def test_capture_takes_pinned_async_copies(rng):
 
 
 def test_replay_out_of_order_raises_cudalab_error(rng):
-    x = cl.asarray(rng.standard_normal(64, dtype=np.float32))
+    x = cl.asarray(random_array(rng, 64, np.float32))
     g = CUDAGraph()
     with pytest.raises(cl.CudalabError, match=r"^replay\(\): nothing captured yet"):
         g.replay()
@@ -521,7 +509,7 @@ def test_replay_out_of_order_raises_cudalab_error(rng):
 
 
 def test_graph_errors_inside_block_propagate_unchanged(rng):
-    x = cl.asarray(rng.standard_normal(10, dtype=np.float32))
+    x = cl.asarray(random_array(rng, 10, np.float32))
     g = CUDAGraph()
     with pytest.raises(KeyError):
         with cl.graph(g):
@@ -532,7 +520,7 @@ def test_graph_errors_inside_block_propagate_unchanged(rng):
 
 
 def test_graph_memory_released(rng):
-    x = cl.asarray(rng.standard_normal(1 << 16, dtype=np.float32))
+    x = cl.asarray(random_array(rng, 1 << 16, np.float32))
     cl.synchronize()
     for _ in range(3):
         g = CUDAGraph()
