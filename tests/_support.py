@@ -42,3 +42,61 @@ def readme_plugin_example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     [block] = [b for b in blocks if "gpu_benchmark" in b]
     return block
+
+
+# ---- element-wise helpers: argument-error patterns, random data, checks ----
+
+RESULT_TOL = {  # relative L2 error allowed for a floating result
+    np.dtype(np.float32): 1e-5,
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.float16): 1e-2,
+    BF16: 1e-2,
+}
+
+
+def arg_error(func: str, param: str) -> str:
+    """Regex for the "<func>() argument '<param>'" prefix of argument errors."""
+    return rf"{re.escape(func)}\(\) argument '{re.escape(param)}'"
+
+
+def random_array(rng, shape, dtype, positive=False, nonzero=True) -> np.ndarray:
+    """Random host data of `dtype`: floats ~N(0,1) (|x| + 0.1 with positive),
+    integers over a range that exercises wrapping, never 0 when nonzero."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return np.asarray(rng.integers(0, 2, size=shape).astype(np.bool_))
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo = 1 if positive or dtype.kind == "u" else max(int(info.min), -(2**40))
+        hi = min(int(info.max), 2**40)
+        x = rng.integers(lo, hi, size=shape, dtype=np.int64, endpoint=True)
+        if nonzero:
+            x[x == 0] = 1
+        return np.asarray(x.astype(dtype))
+    x = rng.standard_normal(size=shape)
+    if positive:
+        x = np.abs(x) + 0.1
+    return np.asarray(x.astype(dtype))
+
+
+def check_result(got, ref, dtype=None) -> None:
+    """`got` (a DeviceArray) against the NumPy result `ref`.
+
+    Floating results: relative L2 error against ref in float64 (RESULT_TOL),
+    NaNs in the same places; integers and bool: exact. `dtype` (default
+    ref's) is the dtype `got` must have."""
+    dtype = np.dtype(ref.dtype if dtype is None else dtype)
+    assert got.dtype == dtype, (got.dtype, dtype)
+    host = got.get()
+    assert host.shape == np.shape(ref), (host.shape, np.shape(ref))
+    if is_float(dtype):
+        ref64 = np.asarray(ref).astype(np.float64)
+        h64 = host.astype(np.float64)
+        nan = np.isnan(ref64)
+        assert np.array_equal(np.isnan(h64), nan)
+        ref64, h64 = ref64[~nan], h64[~nan]
+        denom = np.linalg.norm(ref64)
+        err = np.linalg.norm(h64 - ref64) / (denom if denom > 0 else 1.0)
+        assert err < RESULT_TOL[dtype], f"relative error {err:.3g} for {dtype}"
+    else:
+        np.testing.assert_array_equal(host, np.asarray(ref).astype(dtype))
