@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cudalab as cl
-from _support import BF16, DTYPES, DTYPE_IDS, is_float
+from _support import BF16, DTYPE_IDS, DTYPES, arg_error, is_float
 from _support import check_result as check
 from _support import random_array as rand
 
@@ -160,11 +160,11 @@ def test_clamp_out_in_place_and_overlap(rng):
 
 def test_clamp_errors_on_device(rng):
     a = cl.asarray(rand(rng, (4, 5), F32))
-    with pytest.raises(ValueError, match=r"clamp\(\) argument 'hi': operands could not be broadcast"):
+    with pytest.raises(ValueError, match=arg_error("clamp", "hi") + ": operands could not be"):
         cl.clamp(a, 0.0, cl.asarray(rand(rng, (3,), F32)))
-    with pytest.raises(TypeError, match=r"clamp\(\) argument 'out': has dtype int32"):
+    with pytest.raises(TypeError, match=arg_error("clamp", "out") + ": has dtype int32"):
         cl.clamp(a, 0.0, 1.0, out=cl.empty((4, 5), np.int32))
-    with pytest.raises(ValueError, match=r"clamp\(\) argument 'out': has shape \(5,\)"):
+    with pytest.raises(ValueError, match=arg_error("clamp", "out") + r": has shape \(5,\)"):
         cl.clamp(a, 0.0, 1.0, out=cl.empty((5,), np.float32))
 
 
@@ -321,9 +321,9 @@ def test_where_out_in_place_and_overlap(rng):
 
 def test_where_errors_on_device(rng):
     c = cl.asarray(rand(rng, (4, 5), B))
-    with pytest.raises(ValueError, match=r"where\(\) argument 'b': operands could not be broadcast"):
+    with pytest.raises(ValueError, match=arg_error("where", "b") + ": operands could not be"):
         cl.where(c, 1.0, cl.asarray(rand(rng, (3,), F32)))
-    with pytest.raises(TypeError, match=r"where\(\) argument 'a': host arrays"):
+    with pytest.raises(TypeError, match=arg_error("where", "a") + ": host arrays"):
         cl.where(c, np.ones((4, 5)), 1.0)
-    with pytest.raises(TypeError, match=r"where\(\) argument 'out': has dtype int8 but the result has dtype float64"):
+    with pytest.raises(TypeError, match=arg_error("where", "out") + ": has dtype int8 but the"):
         cl.where(c, 1, 2.0, out=cl.empty((4, 5), np.int8))

@@ -131,7 +131,8 @@ static const ew_signature signatures[] = {
 };
 
 /* Each signature's text signature and Parameters/Returns sections. */
-#define EW_DOC_RETURNS_PROMOTED "Returns\n-------\nDeviceArray\n    `out`, or a new array of the promoted dtype."
+#define EW_DOC_RETURNS_PROMOTED                                                                   \
+    "Returns\n-------\nDeviceArray\n    `out`, or a new array of the promoted dtype."
 #define EW_TEXT_UNARY "(a, out=None)"
 #define EW_DOC_UNARY                                                                              \
     "a : DeviceArray\n"                                                                           \
@@ -535,7 +536,8 @@ static int
 check_pow_exponent(ew_call *c)
 {
     const ew_arg *b = &c->arg[1];
-    bool negative = (b->kind == K_WEAK_INT && (b->i_overflow < 0 || (!b->i_overflow && b->i < 0))) ||
+    bool weak_negative = b->i_overflow < 0 || (b->i_overflow == 0 && b->i < 0);
+    bool negative = (b->kind == K_WEAK_INT && weak_negative) ||
                     (b->kind == K_STRONG && cl_dtype_is_int(b->dtype) && b->i < 0);
     if (cl_dtype_is_int(c->r) && negative) {
         return cl_arg_error(PyExc_ValueError, c->op.func, b->param,
