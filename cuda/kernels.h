@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
+#include "ops/elementwise_ops.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -59,27 +61,13 @@ cudaError_t cl_fill(void *dst, size_t n, const void *value, size_t itemsize,
 
 /* ---- elementwise.cu ------------------------------------------------------ */
 
-/* The element-wise operations. Binary ones read in[0] and in[1]; AXPY computes
- * alpha * in[0] + in[1] with one rounding (a fused multiply-add); the others
- * are unary and read in[0]. Append only. */
+/* The element-wise operations, one per line of the op table (elementwise_ops.h:
+ * arity, dtype rule, device expression). The order is part of the ABI:
+ * the table only ever grows at its end. */
 typedef enum cl_ew_op {
-    CL_EW_ADD = 0,
-    CL_EW_SUB,
-    CL_EW_MUL,
-    CL_EW_DIV,
-    CL_EW_MAXIMUM, /* NaN-propagating, as NumPy */
-    CL_EW_MINIMUM,
-    CL_EW_AXPY,
-    CL_EW_NEG,
-    CL_EW_ABS,
-    CL_EW_EXP,
-    CL_EW_LOG,
-    CL_EW_SQRT,
-    CL_EW_TANH,
-    CL_EW_SIGMOID,
-    CL_EW_RELU,
-    CL_EW_GELU,      /* erf form */
-    CL_EW_GELU_TANH, /* tanh approximation */
+#define CL_EW_ENUM_(ENUM, ...) CL_EW_##ENUM,
+    CL_EW_OPS(CL_EW_ENUM_)
+#undef CL_EW_ENUM_
     CL_EW_NUM_OPS
 } cl_ew_op;
 
@@ -95,9 +83,12 @@ typedef struct cl_ew_operand {
     int64_t ivalue;
 } cl_ew_operand;
 
-/* out = op(in[0], in[1]) for every index of `shape` (rank <= 8; ndim 0 is one
- * element). Every array has dtype `dtype`: callers cast mixed operands first.
- * `alpha` is read only by CL_EW_AXPY (a scalar operand, may be NULL
+/* out = op(in[0], ..., in[nin - 1]) for every index of `shape` (rank <= 8;
+ * ndim 0 is one element), nin being the op's arity in the table (1 to 3).
+ * Every array has dtype `dtype` (callers cast mixed operands first) except
+ * CL_EW_WHERE's in[0], the condition, which is bool. At least one operand is
+ * an array; in[0] may be a scalar only for ops of two operands. `alpha` is
+ * read only by CL_EW_AXPY (alpha * in[0] + in[1], one rounding; may be NULL
  * otherwise). `out` may be exactly in[k] (same pointer and strides); any
  * other overlap is the caller's to avoid. Contiguous operands with 16-byte
  * aligned pointers take the vectorized path; everything else the strided

@@ -784,3 +784,29 @@ def readme_python_blocks() -> list[str]:
 
 # ===================================================== more helpers =========
 # New general helpers go below, each topic in its own block.
+
+
+# ---- element-wise results: dtype, NaN placement, then values ---------------
+
+
+def check_result(got, ref, dtype=None) -> None:
+    """`got` (a DeviceArray) against the NumPy result `ref`.
+
+    Floating results: relative L2 error against ref in float64 (`tolerance`),
+    NaNs in the same places; integers and bool: exact. `dtype` (default
+    ref's) is the dtype `got` must have."""
+    dtype = np.dtype(ref.dtype if dtype is None else dtype)
+    assert got.dtype == dtype, (got.dtype, dtype)
+    host = got.get()
+    assert host.shape == np.shape(ref), (host.shape, np.shape(ref))
+    if is_float(dtype):
+        ref64 = np.asarray(ref).astype(np.float64)
+        h64 = host.astype(np.float64)
+        nan = np.isnan(ref64)
+        assert np.array_equal(np.isnan(h64), nan)
+        ref64, h64 = ref64[~nan], h64[~nan]
+        denom = np.linalg.norm(ref64)
+        err = np.linalg.norm(h64 - ref64) / (denom if denom > 0 else 1.0)
+        assert err < tolerance(dtype), f"relative error {err:.3g} for {dtype}"
+    else:
+        np.testing.assert_array_equal(host, np.asarray(ref).astype(dtype))

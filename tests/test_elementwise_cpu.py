@@ -8,15 +8,15 @@ arrays of that dtype. The promotion table is checked against NumPy 2 itself.
 
 from __future__ import annotations
 
-import re
 import warnings
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import cudalab
-from _support import BF16, DTYPES
+from _support import BF16, DTYPES, arg_error
 
 core = cudalab._core
 result_type = core._elementwise_result_type
@@ -31,12 +31,9 @@ BINARY = {
     "div": np.true_divide,
     "maximum": np.maximum,
     "minimum": np.minimum,
+    "pow": np.power,
 }
 FLOAT_UNARY = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh}
-
-
-def arg_error(func: str, param: str) -> str:
-    return rf"{re.escape(func)}\(\) argument '{re.escape(param)}'"
 
 
 def numpy_dtype(ufunc, *operands):
@@ -200,7 +197,7 @@ def test_python_int_out_of_range():
 
 # ------------------------------------------------------- argument errors ----
 
-ALL_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+ALL_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
 ALL_UNARY = ["neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu"]
 
 
@@ -337,15 +334,233 @@ def test_signatures_and_docstrings():
         assert f.__text_signature__ == expected
         assert "Parameters" in f.__doc__
     assert cudalab.axpy.__text_signature__ == "(alpha, x, y, out=None)"
-    for name in ALL_BINARY + ALL_UNARY + ["axpy"]:
+    assert cudalab.clamp.__text_signature__ == "(a, lo=None, hi=None, out=None)"
+    assert cudalab.where.__text_signature__ == "(cond, a, b, out=None)"
+    for name in ALL_BINARY + ALL_UNARY + ["axpy", "clamp", "where"]:
         assert name in cudalab.__all__
         assert getattr(cudalab, name) is getattr(core, name)
 
 
 def test_result_type_helper_errors():
     with pytest.raises(ValueError, match="unknown function"):
-        result_type("pow", np.dtype(np.float32), 2.0)
+        result_type("nope", np.dtype(np.float32), 2.0)
     with pytest.raises(TypeError, match="takes 2 operands"):
         result_type("add", np.dtype(np.float32))
     with pytest.raises(TypeError, match="unsupported dtype"):
         result_type("add", np.dtype(np.int16), 1)
+
+
+# ------------------------------------------------------------ pow ----------
+
+
+def test_pow_result_dtypes():
+    """Beyond the 9x9 table above: bool ** bool is int8, as NumPy has no
+    bool power loop; scalars are weak."""
+    b = np.dtype(np.bool_)
+    assert result_type("pow", b, b) == np.int8
+    assert result_type("pow", b, True) == np.int8
+    assert result_type("pow", np.dtype(np.int32), 2) == np.int32
+    assert result_type("pow", np.dtype(np.int32), 2.0) == np.float64
+    assert result_type("pow", 2, np.dtype(np.uint8)) == np.uint8
+    assert result_type("pow", np.dtype(np.float16), 3) == np.float16
+    assert result_type("pow", BF16, 0.5) == BF16
+
+
+@pytest.mark.parametrize("x", [np.int8, np.uint8, np.int32, np.int64, np.bool_], ids=str)
+@pytest.mark.parametrize("exponent", [-1, -(2**70), np.int64(-2), np.int8(-1)], ids=str)
+def test_pow_negative_integer_scalar_exponent(x, exponent):
+    """An integer result with a negative scalar exponent is NumPy's
+    ValueError (or its OverflowError, where the exponent does not fit)."""
+    x = np.dtype(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            np.power(np.ones(2, x), exponent)
+        except (ValueError, OverflowError) as e:
+            expected = type(e)
+        else:
+            expected = None
+    if x == np.uint8 and isinstance(exponent, np.int8):
+        with pytest.raises(TypeError, match="int16"):  # NumPy's int16, which we lack
+            result_type("pow", x, exponent)
+        return
+    assert expected is not None
+    match = arg_error("pow", "b") + (
+        ".*Integers to negative integer powers are not allowed"
+        if expected is ValueError
+        else ".*out of bounds"
+    )
+    with pytest.raises(expected, match=match):
+        result_type("pow", x, exponent)
+
+
+def test_pow_negative_exponent_allowed_for_floats():
+    assert result_type("pow", np.dtype(np.int32), -1.0) == np.float64
+    assert result_type("pow", np.dtype(np.float32), -1) == np.float32
+    assert result_type("pow", np.dtype(np.float16), np.int8(-3)) == np.float16
+    assert result_type("pow", -2, np.dtype(np.int32)) == np.int32  # a negative base is fine
+
+
+def test_pow_through_the_function():
+    with pytest.raises(ValueError, match=arg_error("pow", "b") + ".*negative integer powers"):
+        cudalab.pow(np.int32(2), -1)
+    with pytest.raises(TypeError, match=arg_error("pow", "a") + ".*at least one operand"):
+        cudalab.pow(2.0, 3)
+
+
+# ------------------------------------------------------------ clamp --------
+
+NON_BF16 = [d for d in DTYPES if d != BF16]
+NON_BF16_IDS = [d.name for d in NON_BF16]
+
+
+@pytest.mark.parametrize("x", NON_BF16, ids=NON_BF16_IDS)
+@pytest.mark.parametrize("lo", NON_BF16, ids=NON_BF16_IDS)
+def test_clamp_result_dtype_matches_numpy(x, lo):
+    """clamp's dtype is np.clip's: the promotion of a and the bounds given."""
+    for bounds in ((lo, None), (None, lo), (lo, lo), (lo, x)):
+        args = [np.ones(2, b) if b is not None else None for b in bounds]
+        expected = np.clip(np.ones(2, x), *args).dtype
+        if expected not in SUPPORTED:
+            with pytest.raises(TypeError, match="int16"):
+                result_type("clamp", x, *bounds)
+        else:
+            assert result_type("clamp", x, *bounds) == expected, bounds
+
+
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+@pytest.mark.parametrize(
+    "bounds", [(0, 1), (-1, None), (None, 2.5), (True, None), (np.float32(0), 1), (0.5, 100)],
+    ids=str,
+)
+def test_clamp_with_scalar_bounds(x, bounds):
+    """Python scalars are weak; a Python int beyond an integer a's range is
+    ignored, as np.clip does."""
+    args = [np.ones(2, x)] + list(bounds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            expected = np.clip(*args).dtype
+        except (TypeError, OverflowError) as e:
+            expected = type(e)
+    if x == BF16:
+        # np.clip has no bfloat16 loop and computes in float32; clamp keeps
+        # NEP 50's rule, as for float16 (torch.clamp keeps bfloat16 too).
+        strong = any(isinstance(b, np.float32) for b in bounds)
+        assert result_type("clamp", x, *bounds) == (np.float32 if strong else BF16)
+        return
+    if isinstance(expected, type) and issubclass(expected, Exception):
+        with pytest.raises(expected):
+            result_type("clamp", x, *bounds)
+    else:
+        assert result_type("clamp", x, *bounds) == expected
+
+
+def test_clamp_ignores_python_int_bounds_beyond_the_range():
+    i8, u8 = np.dtype(np.int8), np.dtype(np.uint8)
+    assert result_type("clamp", i8, -1000, 1000) == i8
+    assert result_type("clamp", u8, -1, 1000) == u8
+    assert result_type("clamp", u8, -(2**70), None) == u8
+    assert result_type("clamp", i8, None, 2**70) == i8
+    # The other side of the range is NumPy's OverflowError.
+    with pytest.raises(OverflowError, match=arg_error("clamp", "lo") + ".*1000.*int8"):
+        result_type("clamp", i8, 1000, None)
+    with pytest.raises(OverflowError, match=arg_error("clamp", "hi") + ".*-1000.*int8"):
+        result_type("clamp", i8, None, -1000)
+    # An ignored bound takes no part in the promotion (np.clip drops it).
+    assert result_type("clamp", i8, -1000, np.dtype(np.int32)) == np.int32
+    # A NumPy integer is strong: never ignored, it promotes.
+    assert result_type("clamp", i8, np.int64(-1000), None) == np.int64
+
+
+def test_clamp_arguments():
+    at_least_one = arg_error("clamp", "lo") + ".*at least one of 'lo' and 'hi'"
+    with pytest.raises(TypeError, match=at_least_one):
+        result_type("clamp", np.dtype(np.float32), None, None)
+    with pytest.raises(TypeError, match=arg_error("clamp", "a") + ".*expected a cudalab.Device"):
+        cudalab.clamp(1.0, 0.0, 1.0)
+    with pytest.raises(TypeError, match=arg_error("clamp", "a") + ".*asarray"):
+        cudalab.clamp(np.ones(3, np.float32), 0.0, 1.0)
+    with pytest.raises(TypeError, match=arg_error("clamp", "lo") + ".*host arrays"):
+        result_type("clamp", np.dtype(np.float32), np.ones(3), None)
+    with pytest.raises(TypeError, match=arg_error("clamp", "hi") + ".*real scalar"):
+        result_type("clamp", np.dtype(np.float32), None, "1")
+    with pytest.raises(TypeError, match=arg_error("clamp", "hi") + ".*int16"):
+        result_type("clamp", np.dtype(np.uint8), None, np.int8(3))
+    with pytest.raises(TypeError, match="missing required argument 'a'"):
+        cudalab.clamp(lo=0.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'min'"):
+        cudalab.clamp(1.0, min=0.0)
+    with pytest.raises(TypeError, match="takes 3 operands"):
+        result_type("clamp", np.dtype(np.float32), 0.0)
+
+
+# ------------------------------------------------------------ where --------
+
+
+@pytest.mark.parametrize("x", NON_BF16, ids=NON_BF16_IDS)
+@pytest.mark.parametrize("y", NON_BF16, ids=NON_BF16_IDS)
+def test_where_result_dtype_matches_numpy(x, y):
+    """np.where's dtype: the promotion of a and b; cond's dtype takes no part."""
+    expected = np.where(np.ones(2, np.bool_), np.ones(2, x), np.ones(2, y)).dtype
+    for cond in (np.bool_, np.float32, np.int8):
+        if expected not in SUPPORTED:
+            with pytest.raises(TypeError, match=arg_error("where", "b") + ".*int16"):
+                result_type("where", np.dtype(cond), x, y)
+        else:
+            assert result_type("where", np.dtype(cond), x, y) == expected
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [(1, 2), (1, 2.0), (True, False), (True, 2), (np.float32(1), 2), (np.float16(1), 2.5),
+     (np.int8(1), 3), (np.uint8(1), np.int32(2)), (2.5, np.int64(1))],
+    ids=str,
+)
+def test_where_with_scalars(a, b):
+    """Python scalars are weak; two Python scalars give NumPy's defaults."""
+    expected = np.where(np.ones(2, np.bool_), a, b).dtype
+    assert result_type("where", np.dtype(np.bool_), a, b) == expected
+    assert result_type("where", np.dtype(np.float64), b, a) == np.where(True, b, a).dtype
+
+
+def test_where_arguments():
+    f32, b = np.dtype(np.float32), np.dtype(np.bool_)
+    assert result_type("where", b, BF16, BF16) == BF16
+    assert result_type("where", b, BF16, 1.0) == BF16
+    assert result_type("where", b, np.dtype(np.int8), 3) == np.int8
+    with pytest.raises(OverflowError, match=arg_error("where", "b") + ".*300.*int8"):
+        result_type("where", b, np.dtype(np.int8), 300)  # NumPy itself wraps to 44
+    for bad in (True, 1.0, np.bool_(True), "x", None):
+        with pytest.raises(TypeError, match=arg_error("where", "cond") + ".*DeviceArray"):
+            cudalab.where(bad, 1.0, 2.0)
+    with pytest.raises(TypeError, match=arg_error("where", "cond") + ".*asarray"):
+        cudalab.where(np.ones(3, np.bool_), 1.0, 2.0)
+    with pytest.raises(TypeError, match=arg_error("where", "a") + ".*real scalar"):
+        result_type("where", b, "x", f32)
+    with pytest.raises(TypeError, match=arg_error("where", "b") + ".*host arrays"):
+        result_type("where", b, f32, np.ones(3))
+    with pytest.raises(TypeError, match=arg_error("where", "cond") + ".*unsupported dtype"):
+        result_type("where", np.dtype(np.int16), f32, f32)
+    with pytest.raises(TypeError, match="missing required argument 'b'"):
+        cudalab.where(1.0, 2.0)
+    with pytest.raises(TypeError, match="takes 3 operands"):
+        result_type("where", b, f32)
+
+
+# ----------------------------------------------------- the function list ----
+
+
+def test_elementwise_functions_are_reexported_and_stubbed():
+    """Every function of the C op table is cudalab.<name>, in __all__ and in _core.pyi."""
+    names = core._elementwise_functions()
+    assert len(names) == len(set(names))
+    assert set(ALL_BINARY + ALL_UNARY + ["axpy", "clamp", "where"]) == set(names)
+    stub = Path(cudalab.__file__).parent / "_core.pyi"
+    if not stub.exists():
+        pytest.skip("_core.pyi is not installed next to the package")
+    pyi = stub.read_text()
+    for name in names:
+        assert getattr(cudalab, name) is getattr(core, name)
+        assert name in cudalab.__all__
+        assert f"def {name}(" in pyi, name

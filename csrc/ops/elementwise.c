@@ -1,9 +1,14 @@
 /* Element-wise operations and DeviceArray's number protocol.
  *
- *   add sub mul div maximum minimum     binary, NumPy broadcasting, scalars
- *   axpy(alpha, x, y)                   alpha * x + y, one rounding (fma)
+ * The ops are the lines of the op table (cuda/ops/elementwise_ops.h): each
+ * line with a signature becomes a module function here, with its docstring,
+ * and _elementwise_functions() lists them for the package to re-export.
+ *
+ *   add sub mul div maximum minimum pow     binary, NumPy broadcasting, scalars
+ *   axpy(alpha, x, y)                       alpha * x + y, one rounding (fma)
+ *   clamp(a, lo, hi)  where(cond, a, b)     three operands
  *   neg abs exp log sqrt tanh sigmoid relu gelu(approximate=)    unary
- *   + - * / += -= *= /= unary - abs()   the number protocol
+ *   + - * / += -= *= /= unary - abs()       the number protocol
  *
  * Operands are DeviceArrays or real scalars (Python bool/int/float, NumPy
  * scalars); host arrays are refused (no implicit uploads). The result dtype
@@ -14,8 +19,10 @@
  * kernel sees one dtype; `out=` of another dtype gets the result through one
  * more cast (NumPy's "same_kind" rule decides which casts are allowed).
  *
- * Everything is validated before the GPU is touched. The hot path (arrays of
- * one dtype, `out` given) makes no Python calls and no heap allocations. */
+ * Each call goes validate (operands, result dtype, broadcast shape, out=;
+ * no CUDA call) -> run (the op frame's begin, casts, the kernel, end). The
+ * hot path (arrays of one dtype, `out` given) makes no Python calls and no
+ * heap allocations. */
 #include "cudalab.h"
 
 /* ---- promotion tables (order of cl_dtype: b i8 u8 i32 i64 f16 bf16 f32 f64) ---- */
@@ -76,57 +83,117 @@ static const unsigned char same_kind_table[CL_NUM_DTYPES][CL_NUM_DTYPES] = {
 #undef F4
 #undef F8
 
-static inline bool
-is_float_dtype(cl_dtype d)
+/* The range of an integer dtype (bool and floats: int64's). */
+static void
+int_range(cl_dtype d, long long *lo, long long *hi)
 {
-    return d == CL_FLOAT16 || d == CL_BFLOAT16 || d == CL_FLOAT32 || d == CL_FLOAT64;
+    switch (d) {
+    case CL_INT8: *lo = INT8_MIN; *hi = INT8_MAX; break;
+    case CL_UINT8: *lo = 0; *hi = UINT8_MAX; break;
+    case CL_INT32: *lo = INT32_MIN; *hi = INT32_MAX; break;
+    default: *lo = INT64_MIN; *hi = INT64_MAX; break;
+    }
 }
 
-static inline bool
-is_int_dtype(cl_dtype d)
-{
-    return d == CL_INT8 || d == CL_UINT8 || d == CL_INT32 || d == CL_INT64;
-}
-
-/* ---- op descriptions ---------------------------------------------------------- */
-
-enum ew_rule {
-    RULE_PROMOTE,  /* the promoted dtype (add, mul, maximum, minimum, axpy, abs) */
-    RULE_NO_BOOL,  /* the promoted dtype, bool refused (sub, neg, relu) */
-    RULE_TRUE_DIV, /* bool/int -> float64 (div) */
-    RULE_FLOAT,    /* bool/int8/uint8 -> float16, int32/int64 -> float64 (exp, ...) */
-};
+/* ---- the op table and the Python signatures ------------------------------------- */
 
 typedef struct ew_spec {
-    const char *name; /* public function name, for messages */
+    const char *name; /* the public function, for messages and the profiler */
     cl_ew_op op;
-    int nin;          /* operands (axpy: x and y; alpha is separate) */
-    enum ew_rule rule;
+    cl_ew_sig sig;
+    int nin;          /* operands the kernel reads */
+    cl_ew_rule rule;
 } ew_spec;
 
-static const ew_spec spec_add = {"add", CL_EW_ADD, 2, RULE_PROMOTE};
-static const ew_spec spec_sub = {"sub", CL_EW_SUB, 2, RULE_NO_BOOL};
-static const ew_spec spec_mul = {"mul", CL_EW_MUL, 2, RULE_PROMOTE};
-static const ew_spec spec_div = {"div", CL_EW_DIV, 2, RULE_TRUE_DIV};
-static const ew_spec spec_maximum = {"maximum", CL_EW_MAXIMUM, 2, RULE_PROMOTE};
-static const ew_spec spec_minimum = {"minimum", CL_EW_MINIMUM, 2, RULE_PROMOTE};
-static const ew_spec spec_axpy = {"axpy", CL_EW_AXPY, 2, RULE_PROMOTE};
-static const ew_spec spec_neg = {"neg", CL_EW_NEG, 1, RULE_NO_BOOL};
-static const ew_spec spec_abs = {"abs", CL_EW_ABS, 1, RULE_PROMOTE};
-static const ew_spec spec_exp = {"exp", CL_EW_EXP, 1, RULE_FLOAT};
-static const ew_spec spec_log = {"log", CL_EW_LOG, 1, RULE_FLOAT};
-static const ew_spec spec_sqrt = {"sqrt", CL_EW_SQRT, 1, RULE_FLOAT};
-static const ew_spec spec_tanh = {"tanh", CL_EW_TANH, 1, RULE_FLOAT};
-static const ew_spec spec_sigmoid = {"sigmoid", CL_EW_SIGMOID, 1, RULE_FLOAT};
-static const ew_spec spec_relu = {"relu", CL_EW_RELU, 1, RULE_NO_BOOL};
-static const ew_spec spec_gelu = {"gelu", CL_EW_GELU, 1, RULE_FLOAT};
-static const ew_spec spec_gelu_tanh = {"gelu", CL_EW_GELU_TANH, 1, RULE_FLOAT};
-
-static const ew_spec *const all_specs[] = {
-    &spec_add, &spec_sub, &spec_mul, &spec_div, &spec_maximum, &spec_minimum,
-    &spec_axpy, &spec_neg, &spec_abs, &spec_exp, &spec_log, &spec_sqrt,
-    &spec_tanh, &spec_sigmoid, &spec_relu, &spec_gelu, NULL,
+static const ew_spec ew_specs[CL_EW_NUM_OPS] = {
+#define EW_SPEC_(ENUM, name, sig, nin, rule, ...)                                                 \
+    {#name, CL_EW_##ENUM, CL_EW_SIG_##sig, nin, CL_EW_RULE_##rule},
+    CL_EW_OPS(EW_SPEC_)
+#undef EW_SPEC_
 };
+
+#define EW_MAX_PARAMS 5 /* the longest signature's parameters, and its NULL */
+
+typedef struct ew_signature {
+    const char *names[EW_MAX_PARAMS]; /* operands, then options, then "out" */
+    int nops;                         /* the leading names that are operands */
+    int nrequired;
+    int out;                          /* where "out" is */
+} ew_signature;
+
+static const ew_signature signatures[] = {
+    [CL_EW_SIG_UNARY] = {{"a", "out", NULL}, 1, 1, 1},
+    [CL_EW_SIG_BINARY] = {{"a", "b", "out", NULL}, 2, 2, 2},
+    [CL_EW_SIG_AXPY] = {{"alpha", "x", "y", "out", NULL}, 3, 3, 3},
+    [CL_EW_SIG_GELU] = {{"a", "approximate", "out", NULL}, 1, 1, 2},
+    [CL_EW_SIG_CLAMP] = {{"a", "lo", "hi", "out", NULL}, 3, 1, 3},
+    [CL_EW_SIG_WHERE] = {{"cond", "a", "b", "out", NULL}, 3, 3, 3},
+};
+
+/* Each signature's text signature and Parameters/Returns sections. */
+#define EW_DOC_RETURNS_PROMOTED                                                                   \
+    "Returns\n-------\nDeviceArray\n    `out`, or a new array of the promoted dtype."
+#define EW_TEXT_UNARY "(a, out=None)"
+#define EW_DOC_UNARY                                                                              \
+    "a : DeviceArray\n"                                                                           \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place; a's shape, any dtype the result casts to under\n"                      \
+    "    NumPy's 'same_kind' rule. May be `a` itself.\n\n"                                        \
+    "Returns\n-------\nDeviceArray\n    `out`, or a new array."
+#define EW_TEXT_BINARY "(a, b, out=None)"
+#define EW_DOC_BINARY                                                                             \
+    "a, b : DeviceArray or scalar\n"                                                              \
+    "    At least one a DeviceArray; NumPy broadcasting over any strides.\n"                      \
+    "    Python scalars are weak (NEP 50): ``x + 2.0`` keeps x's float dtype.\n"                  \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place; exactly the broadcast shape, any dtype the result\n"                   \
+    "    casts to under NumPy's 'same_kind' rule. May be `a` or `b` itself.\n\n"                  \
+    EW_DOC_RETURNS_PROMOTED
+#define EW_TEXT_AXPY "(alpha, x, y, out=None)"
+#define EW_DOC_AXPY                                                                               \
+    "alpha : scalar\n"                                                                            \
+    "    A Python or NumPy real scalar (weak or strong like any other operand).\n"                \
+    "x, y : DeviceArray or scalar\n"                                                              \
+    "    At least one a DeviceArray; NumPy broadcasting.\n"                                       \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place (``axpy(a, x, y, out=y)`` is BLAS's axpy); the\n"                       \
+    "    broadcast shape, a dtype the result casts to ('same_kind').\n\n"                         \
+    "Returns\n-------\nDeviceArray"
+#define EW_TEXT_GELU "(a, approximate='none', out=None)"
+#define EW_DOC_GELU                                                                               \
+    "a : DeviceArray\n"                                                                           \
+    "approximate : {'none', 'tanh'}, optional\n"                                                  \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place; a's shape, a dtype the result casts to ('same_kind').\n\n"             \
+    "Returns\n-------\nDeviceArray"
+#define EW_TEXT_CLAMP "(a, lo=None, hi=None, out=None)"
+#define EW_DOC_CLAMP                                                                              \
+    "a : DeviceArray\n"                                                                           \
+    "lo, hi : DeviceArray or scalar, optional\n"                                                  \
+    "    The bounds, broadcast with `a`; at least one given (not None).\n"                        \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place; the broadcast shape, a dtype the result casts to\n"                    \
+    "    ('same_kind'). May be `a` itself.\n\n"                                                   \
+    EW_DOC_RETURNS_PROMOTED
+#define EW_TEXT_WHERE "(cond, a, b, out=None)"
+#define EW_DOC_WHERE                                                                              \
+    "cond : DeviceArray\n"                                                                        \
+    "    Any dtype: non-zero (NaN included) is true.\n"                                           \
+    "a, b : DeviceArray or scalar\n"                                                              \
+    "    The values where `cond` is true and where it is false.\n"                                \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place; the broadcast shape of all three, a dtype the\n"                       \
+    "    result casts to ('same_kind'). May be `a` or `b` itself.\n\n"                            \
+    EW_DOC_RETURNS_PROMOTED
+
+/* EW_IF_<sig>(...): its arguments for a signature, nothing for NONE. */
+#define EW_IF_NONE(...)
+#define EW_IF_UNARY(...) __VA_ARGS__
+#define EW_IF_BINARY(...) __VA_ARGS__
+#define EW_IF_AXPY(...) __VA_ARGS__
+#define EW_IF_GELU(...) __VA_ARGS__
+#define EW_IF_CLAMP(...) __VA_ARGS__
+#define EW_IF_WHERE(...) __VA_ARGS__
 
 /* ---- operands ------------------------------------------------------------------- */
 
@@ -138,18 +205,51 @@ enum ew_kind {
     K_WEAK_FLOAT, /* Python float */
 };
 
-#define EW_MAX_ARGS 3 /* axpy: x, y, alpha */
+#define EW_MAX_ARGS 3 /* clamp and where: three operands; axpy: x, y, alpha */
 
 typedef struct ew_arg {
     enum ew_kind kind;
-    PyObject *obj;   /* borrowed */
-    DeviceArray *arr; /* K_ARRAY with a real array; NULL otherwise */
-    cl_dtype dtype;  /* K_ARRAY, K_STRONG */
-    double f;        /* scalar value for a floating result dtype */
-    long long i;     /* scalar value for an integer/bool result dtype */
-    int i_overflow;  /* K_WEAK_INT outside int64 */
+    PyObject *obj;     /* borrowed */
+    DeviceArray *arr;  /* K_ARRAY with a real array; NULL otherwise */
+    cl_dtype dtype;    /* K_ARRAY, K_STRONG */
+    double f;          /* scalar value for a floating result dtype */
+    long long i;       /* scalar value for an integer/bool result dtype */
+    int i_overflow;    /* K_WEAK_INT outside int64: the sign of the excess, else 0 */
     const char *param;
 } ew_arg;
+
+enum ew_mode {
+    EW_CALL,        /* a module function: anything unknown is a TypeError */
+    EW_OPERATOR,    /* the number protocol: unknown types give NotImplemented */
+    EW_RESULT_TYPE, /* _elementwise_result_type: NumPy dtypes stand for arrays */
+};
+
+/* One call of an element-wise op, from its operands to its result. */
+typedef struct ew_call {
+    cl_op op;              /* the frame: state, function name, device, stream, profiler */
+    const ew_spec *spec;   /* the function called (signature, dtype rule) */
+    enum ew_mode mode;
+    cl_ew_op kop;          /* the kernel op (gelu's tanh form, clamp with one bound) */
+    int nin;               /* the kernel's operands: arg[0 .. nin) */
+    int nargs;             /* arg[nin] is axpy's alpha when nargs > nin */
+    ew_arg arg[EW_MAX_ARGS];
+    cl_dtype r;            /* the result dtype */
+    int nd;
+    Py_ssize_t shape[CL_MAX_NDIM];
+    DeviceArray *out;      /* out=, or NULL */
+} ew_call;
+
+static void
+ew_call_init(ew_call *c, cl_state *st, const ew_spec *spec, enum ew_mode mode)
+{
+    cl_op_init(&c->op, st, spec->name);
+    c->spec = spec;
+    c->mode = mode;
+    c->kop = spec->op;
+    c->nin = c->nargs = spec->nin;
+    c->out = NULL;
+    c->nd = 0;
+}
 
 static inline bool
 is_device_array_type(PyTypeObject *t)
@@ -159,34 +259,85 @@ is_device_array_type(PyTypeObject *t)
     return t->tp_as_number != NULL && t->tp_as_number->nb_add == cl_nb_add;
 }
 
-static int
-host_array_error(const char *func, const char *param, PyObject *obj)
+static void
+weak_int(PyObject *obj, ew_arg *a)
 {
-    return cl_arg_error(PyExc_TypeError, func, param,
-                        "host arrays (%.100s) are not accepted: cudalab never uploads "
-                        "implicitly; copy it to the device with cudalab.asarray() first",
-                        Py_TYPE(obj)->tp_name);
+    int overflow = 0;
+    a->kind = K_WEAK_INT;
+    a->i = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    a->i_overflow = overflow;
+    a->f = (double)a->i;
 }
 
-/* Classify one operand. Returns 0, -1 with an exception set, or 1 when the
- * type is simply not ours (only with strict == false: the number protocol
- * then returns NotImplemented). `dtypes_as_arrays` lets a NumPy dtype stand
- * for an array of that dtype (for _elementwise_result_type). */
+/* A NumPy scalar: strong, with its value. */
 static int
-classify(cl_state *st, PyObject *obj, const char *func, const char *param, ew_arg *a,
-         bool strict, bool dtypes_as_arrays)
+numpy_scalar(ew_call *c, PyObject *obj, ew_arg *a)
 {
-    a->obj = obj;
-    a->arr = NULL;
-    a->param = param;
-    a->i_overflow = 0;
-    a->f = 0.0;
-    a->i = 0;
-    if (CL_IS_DEVICEARRAY(st, obj)) {
-        a->kind = K_ARRAY;
+    PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
+    if (descr == NULL) {
+        return -1;
+    }
+    int code = cl_dtype_from_descr(c->op.st, descr);
+    if (code < 0) {
+        PyObject *supported = cl_supported_dtypes_text();
+        cl_arg_error(PyExc_TypeError, c->op.func, a->param,
+                     "unsupported dtype %R of a NumPy scalar (supported: %U)", (PyObject *)descr,
+                     supported);
+        Py_XDECREF(supported);
+        Py_DECREF(descr);
+        return -1;
+    }
+    Py_DECREF(descr);
+    a->kind = K_STRONG;
+    a->dtype = (cl_dtype)code;
+    if (a->dtype == CL_BOOL) {
+        int t = PyObject_IsTrue(obj);
+        if (t < 0) {
+            return -1;
+        }
+        a->i = t;
+        a->f = t;
+    }
+    else if (cl_dtype_is_int(a->dtype)) {
+        a->i = PyLong_AsLongLong(obj);
+        if (a->i == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        a->f = (double)a->i;
+    }
+    else {
+        a->f = PyFloat_AsDouble(obj);
+        if (a->f == -1.0 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A NumPy dtype standing for an array of it (_elementwise_result_type). */
+static int
+dtype_operand(ew_call *c, PyObject *obj, ew_arg *a)
+{
+    int code = cl_dtype_from_descr(c->op.st, (PyArray_Descr *)obj);
+    if (code < 0) {
+        return cl_arg_error(PyExc_TypeError, c->op.func, a->param, "unsupported dtype %R", obj);
+    }
+    a->kind = K_ARRAY;
+    a->dtype = (cl_dtype)code;
+    return 0;
+}
+
+/* Classify an operand that may be an array or a real scalar. Returns 0, -1
+ * with an exception set, or 1 when the type is simply not ours (only for
+ * EW_OPERATOR: the number protocol then returns NotImplemented). */
+static int
+classify(ew_call *c, PyObject *obj, const char *param, ew_arg *a)
+{
+    *a = (ew_arg){.kind = K_ARRAY, .obj = obj, .param = param};
+    if (CL_IS_DEVICEARRAY(c->op.st, obj)) {
         a->arr = (DeviceArray *)obj;
         a->dtype = a->arr->dtype;
-        return 0;
+        return cl_op_same_device(&c->op, a->arr, param);
     }
     if (PyFloat_CheckExact(obj)) {
         a->kind = K_WEAK_FLOAT;
@@ -200,48 +351,11 @@ classify(cl_state *st, PyObject *obj, const char *func, const char *param, ew_ar
         return 0;
     }
     if (PyLong_CheckExact(obj)) {
-        goto weak_int;
+        weak_int(obj, a);
+        return PyErr_Occurred() ? -1 : 0;
     }
     if (PyArray_IsScalar(obj, Generic)) {
-        PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
-        if (descr == NULL) {
-            return -1;
-        }
-        int code = cl_dtype_from_descr(st, descr);
-        if (code < 0) {
-            PyObject *supported = cl_supported_dtypes_text();
-            cl_arg_error(PyExc_TypeError, func, param,
-                         "unsupported dtype %R of a NumPy scalar (supported: %U)",
-                         (PyObject *)descr, supported);
-            Py_XDECREF(supported);
-            Py_DECREF(descr);
-            return -1;
-        }
-        Py_DECREF(descr);
-        a->kind = K_STRONG;
-        a->dtype = (cl_dtype)code;
-        if (a->dtype == CL_BOOL) {
-            int t = PyObject_IsTrue(obj);
-            if (t < 0) {
-                return -1;
-            }
-            a->i = t;
-            a->f = t;
-        }
-        else if (is_int_dtype(a->dtype)) {
-            a->i = PyLong_AsLongLong(obj);
-            if (a->i == -1 && PyErr_Occurred()) {
-                return -1;
-            }
-            a->f = (double)a->i;
-        }
-        else {
-            a->f = PyFloat_AsDouble(obj);
-            if (a->f == -1.0 && PyErr_Occurred()) {
-                return -1;
-            }
-        }
-        return 0;
+        return numpy_scalar(c, obj, a);
     }
     if (PyFloat_Check(obj)) {
         a->kind = K_WEAK_FLOAT;
@@ -249,39 +363,42 @@ classify(cl_state *st, PyObject *obj, const char *func, const char *param, ew_ar
         return a->f == -1.0 && PyErr_Occurred() ? -1 : 0;
     }
     if (PyLong_Check(obj)) {
-        goto weak_int;
+        weak_int(obj, a);
+        return PyErr_Occurred() ? -1 : 0;
     }
-    if (dtypes_as_arrays && PyArray_DescrCheck(obj)) {
-        int code = cl_dtype_from_descr(st, (PyArray_Descr *)obj);
-        if (code < 0) {
-            return cl_arg_error(PyExc_TypeError, func, param, "unsupported dtype %R", obj);
-        }
-        a->kind = K_ARRAY;
-        a->dtype = (cl_dtype)code;
-        return 0;
+    if (c->mode == EW_RESULT_TYPE && PyArray_DescrCheck(obj)) {
+        return dtype_operand(c, obj, a);
     }
     if (PyArray_Check(obj)) {
-        return host_array_error(func, param, obj);
+        return cl_arg_error(PyExc_TypeError, c->op.func, param,
+                            "host arrays (%.100s) are not accepted: cudalab never uploads "
+                            "implicitly; copy it to the device with cudalab.asarray() first",
+                            Py_TYPE(obj)->tp_name);
     }
-    if (!strict) {
+    if (c->mode == EW_OPERATOR) {
         return 1;
     }
-    return cl_arg_error(PyExc_TypeError, func, param,
+    return cl_arg_error(PyExc_TypeError, c->op.func, param,
                         "expected a cudalab.DeviceArray or a real scalar (bool, int, float), "
                         "got %.100s", Py_TYPE(obj)->tp_name);
+}
 
-weak_int:
-    a->kind = K_WEAK_INT;
-    {
-        int overflow = 0;
-        a->i = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (a->i == -1 && PyErr_Occurred()) {
-            return -1;
-        }
-        a->i_overflow = overflow != 0;
+/* An operand that must be an array (a unary op's a, clamp's a, where's cond). */
+static int
+array_operand(ew_call *c, PyObject *obj, const char *param, ew_arg *a)
+{
+    *a = (ew_arg){.kind = K_ARRAY, .obj = obj, .param = param};
+    if (c->mode == EW_RESULT_TYPE && PyArray_DescrCheck(obj)) {
+        return dtype_operand(c, obj, a);
     }
+    if (cl_op_array(&c->op, obj, param, &a->arr) < 0) {
+        return -1;
+    }
+    a->dtype = a->arr->dtype;
     return 0;
 }
+
+/* ---- the result dtype ----------------------------------------------------------- */
 
 static const char *
 weak_name(enum ew_kind k)
@@ -289,18 +406,19 @@ weak_name(enum ew_kind k)
     return k == K_WEAK_BOOL ? "bool" : k == K_WEAK_INT ? "int" : "float";
 }
 
-/* NumPy 2 (NEP 50) result dtype of `spec` over the operands, then the scalar
- * values converted for it. Raises TypeError for anything unsupported. */
+/* NumPy 2 (NEP 50) promotion of arg[k0 .. nargs) (where's condition does not
+ * take part): *out is a cl_dtype, or I2 when only int16 would do. */
 static int
-result_dtype(const ew_spec *spec, ew_arg *args, int nargs, cl_dtype *out)
+promoted_dtype(ew_call *c, int *out)
 {
-    const char *func = spec->name;
+    const char *func = c->op.func;
+    const int k0 = c->spec->rule == CL_EW_RULE_SELECT ? 1 : 0;
     int strong = -1;
     const ew_arg *first_strong = NULL;
     const ew_arg *int16_from[2] = {NULL, NULL}; /* the pair that made int16 */
-    enum ew_kind weak = K_ARRAY; /* none */
-    for (int k = 0; k < nargs; k++) {
-        ew_arg *a = &args[k];
+    enum ew_kind weak = K_ARRAY;                /* none */
+    for (int k = k0; k < c->nargs; k++) {
+        const ew_arg *a = &c->arg[k];
         if (a->kind == K_ARRAY || a->kind == K_STRONG) {
             if (strong < 0) {
                 strong = a->dtype;
@@ -318,48 +436,55 @@ result_dtype(const ew_spec *spec, ew_arg *args, int nargs, cl_dtype *out)
             weak = a->kind;
         }
     }
-    if (strong < 0) {
-        return cl_arg_error(PyExc_TypeError, func, args[0].param,
+    if (strong < 0 && k0 == 0) {
+        return cl_arg_error(PyExc_TypeError, func, c->arg[0].param,
                             "at least one operand must be a cudalab.DeviceArray, got only "
                             "Python scalars (%s)", weak_name(weak));
     }
+    if (strong < 0) {
+        strong = CL_BOOL; /* where's two Python scalars: bool, int64 or float64 */
+    }
     /* Weak Python scalars never change a dtype of their own kind or above. */
-    if (weak == K_WEAK_FLOAT && (strong == I2 || !is_float_dtype((cl_dtype)strong))) {
+    if (weak == K_WEAK_FLOAT && (strong == I2 || !cl_dtype_is_float((cl_dtype)strong))) {
         strong = CL_FLOAT64;
     }
     else if (weak == K_WEAK_INT && strong == CL_BOOL) {
         strong = CL_INT64;
     }
-    if (strong == I2) {
-        if (spec->rule != RULE_TRUE_DIV) {
-            return cl_arg_error(PyExc_TypeError, func, int16_from[1]->param,
-                                "NumPy promotes %s and %s to int16, which cudalab does "
-                                "not support; cast one operand with .astype() first",
-                                cl_dtype_name(int16_from[0]->dtype),
-                                cl_dtype_name(int16_from[1]->dtype));
-        }
-        strong = CL_FLOAT64; /* int16 / int16 is float64 */
+    if (strong == I2 && c->spec->rule != CL_EW_RULE_TRUE_DIV) {
+        return cl_arg_error(PyExc_TypeError, func, int16_from[1]->param,
+                            "NumPy promotes %s and %s to int16, which cudalab does not "
+                            "support; cast one operand with .astype() first",
+                            cl_dtype_name(int16_from[0]->dtype),
+                            cl_dtype_name(int16_from[1]->dtype));
     }
-    cl_dtype r = (cl_dtype)strong;
-    switch (spec->rule) {
-    case RULE_PROMOTE:
-        break;
-    case RULE_NO_BOOL:
+    *out = strong;
+    return 0;
+}
+
+/* The op's rule applied to the promoted dtype. */
+static int
+apply_rule(ew_call *c, int promoted, cl_dtype *out)
+{
+    cl_dtype r = promoted == I2 ? CL_FLOAT64 : (cl_dtype)promoted; /* int16 / int16 */
+    switch (c->spec->rule) {
+    case CL_EW_RULE_NO_BOOL:
         if (r == CL_BOOL) {
-            return cl_arg_error(PyExc_TypeError, func, first_strong->param,
+            const ew_arg *first = c->arg[0].kind == K_ARRAY || c->arg[0].kind == K_STRONG
+                                      ? &c->arg[0]
+                                      : &c->arg[1];
+            return cl_arg_error(PyExc_TypeError, c->op.func, first->param,
                                 "%s is not supported for bool operands (NumPy refuses it "
                                 "too); cast to an integer dtype with .astype() first",
-                                spec->op == CL_EW_SUB ? "subtraction"
-                                : spec->op == CL_EW_NEG ? "negation"
-                                                        : spec->name);
+                                c->kop == CL_EW_SUB   ? "subtraction"
+                                : c->kop == CL_EW_NEG ? "negation"
+                                                      : c->op.func);
         }
         break;
-    case RULE_TRUE_DIV:
-        if (!is_float_dtype(r)) {
-            r = CL_FLOAT64;
-        }
+    case CL_EW_RULE_TRUE_DIV:
+        r = cl_dtype_is_float(r) ? r : CL_FLOAT64;
         break;
-    case RULE_FLOAT:
+    case CL_EW_RULE_FLOAT:
         if (r == CL_BOOL || r == CL_INT8 || r == CL_UINT8) {
             r = CL_FLOAT16;
         }
@@ -367,72 +492,240 @@ result_dtype(const ew_spec *spec, ew_arg *args, int nargs, cl_dtype *out)
             r = CL_FLOAT64;
         }
         break;
+    case CL_EW_RULE_POW:
+        r = r == CL_BOOL ? CL_INT8 : r; /* NumPy has no bool power loop */
+        break;
+    default:
+        break;
     }
-    /* Scalar values for the result dtype. NumPy 2 refuses a Python int that
-     * does not fit an integer result dtype. */
-    for (int k = 0; k < nargs; k++) {
-        ew_arg *a = &args[k];
+    *out = r;
+    return 0;
+}
+
+/* Scalar values for the result dtype. NumPy 2 refuses a Python int that does
+ * not fit an integer result dtype. */
+static int
+scalar_values(ew_call *c)
+{
+    for (int k = 0; k < c->nargs; k++) {
+        ew_arg *a = &c->arg[k];
         if (a->kind != K_WEAK_INT) {
             continue;
         }
-        if (is_float_dtype(r)) {
-            a->f = PyLong_AsDouble(a->obj);
+        if (cl_dtype_is_float(c->r)) {
+            a->f = a->i_overflow ? PyLong_AsDouble(a->obj) : (double)a->i;
             if (a->f == -1.0 && PyErr_Occurred()) {
                 return -1;
             }
             continue;
         }
         long long lo, hi;
-        switch (r) {
-        case CL_INT8: lo = -128; hi = 127; break;
-        case CL_UINT8: lo = 0; hi = 255; break;
-        case CL_INT32: lo = INT32_MIN; hi = INT32_MAX; break;
-        default: lo = INT64_MIN; hi = INT64_MAX; break;
-        }
+        int_range(c->r, &lo, &hi);
         if (a->i_overflow || a->i < lo || a->i > hi) {
-            return cl_arg_error(PyExc_OverflowError, func, a->param,
+            return cl_arg_error(PyExc_OverflowError, c->op.func, a->param,
                                 "Python integer %R out of bounds for %s", a->obj,
-                                cl_dtype_name(r));
+                                cl_dtype_name(c->r));
         }
     }
-    *out = r;
     return 0;
 }
 
-/* ---- broadcasting ------------------------------------------------------------ */
+/* pow: an integer result refuses a negative scalar exponent, as NumPy does
+ * (an exponent array is not checked: see the docstring). */
+static int
+check_pow_exponent(ew_call *c)
+{
+    const ew_arg *b = &c->arg[1];
+    bool weak_negative = b->i_overflow < 0 || (b->i_overflow == 0 && b->i < 0);
+    bool negative = (b->kind == K_WEAK_INT && weak_negative) ||
+                    (b->kind == K_STRONG && cl_dtype_is_int(b->dtype) && b->i < 0);
+    if (cl_dtype_is_int(c->r) && negative) {
+        return cl_arg_error(PyExc_ValueError, c->op.func, b->param,
+                            "Integers to negative integer powers are not allowed (as in "
+                            "NumPy); use a float base or exponent");
+    }
+    return 0;
+}
+
+/* NumPy 2 (NEP 50) result dtype of the call, then the scalar values
+ * converted for it. Raises TypeError for anything unsupported. */
+static int
+result_dtype(ew_call *c)
+{
+    int promoted = CL_BOOL;
+    if (promoted_dtype(c, &promoted) < 0 || apply_rule(c, promoted, &c->r) < 0 ||
+        scalar_values(c) < 0) {
+        return -1;
+    }
+    return c->spec->rule == CL_EW_RULE_POW ? check_pow_exponent(c) : 0;
+}
+
+/* ---- operands of each signature --------------------------------------------------- */
+
+/* gelu's approximate= picks the kernel op. */
+static int
+gelu_form(ew_call *c, PyObject *approximate)
+{
+    if (approximate == NULL) {
+        return 0;
+    }
+    if (!PyUnicode_Check(approximate)) {
+        return cl_arg_error(PyExc_TypeError, c->op.func, "approximate",
+                            "expected 'none' or 'tanh', got %.100s",
+                            Py_TYPE(approximate)->tp_name);
+    }
+    if (PyUnicode_CompareWithASCIIString(approximate, "tanh") == 0) {
+        c->kop = CL_EW_GELU_TANH;
+    }
+    else if (PyUnicode_CompareWithASCIIString(approximate, "none") != 0) {
+        return cl_arg_error(PyExc_ValueError, c->op.func, "approximate",
+                            "expected 'none' or 'tanh', got %R", approximate);
+    }
+    return 0;
+}
+
+/* axpy(alpha, x, y): the kernel reads x and y; alpha is arg[2]. */
+static int
+axpy_operands(ew_call *c, PyObject *const *objs)
+{
+    if (classify(c, objs[0], "alpha", &c->arg[2]) < 0) {
+        return -1;
+    }
+    if (c->arg[2].kind == K_ARRAY) {
+        return cl_arg_error(PyExc_TypeError, c->op.func, "alpha",
+                            "expected a real scalar, got a DeviceArray (use mul and add for "
+                            "an array-valued alpha)");
+    }
+    if (classify(c, objs[1], "x", &c->arg[0]) < 0 || classify(c, objs[2], "y", &c->arg[1]) < 0) {
+        return -1;
+    }
+    c->nargs = 3;
+    return 0;
+}
+
+/* numpy.clip ignores a Python int bound beyond the range of an integer `a`
+ * (so clamp(x_uint8, 0, 1000) is allowed). */
+static bool
+bound_ignored(const ew_arg *bound, cl_dtype a_dtype, bool is_lo)
+{
+    if (!cl_dtype_is_int(a_dtype) || bound->kind != K_WEAK_INT || !PyLong_CheckExact(bound->obj)) {
+        return false;
+    }
+    long long lo, hi;
+    int_range(a_dtype, &lo, &hi);
+    if (is_lo) {
+        return bound->i_overflow < 0 || (bound->i_overflow == 0 && bound->i <= lo);
+    }
+    return bound->i_overflow > 0 || (bound->i_overflow == 0 && bound->i >= hi);
+}
+
+/* clamp(a, lo, hi): a missing or ignored bound leaves maximum or minimum. */
+static int
+clamp_operands(ew_call *c, PyObject *const *objs)
+{
+    ew_arg bound[2];
+    bool has[2] = {objs[1] != NULL && objs[1] != Py_None, objs[2] != NULL && objs[2] != Py_None};
+    if (array_operand(c, objs[0], "a", &c->arg[0]) < 0) {
+        return -1;
+    }
+    if (!has[0] && !has[1]) {
+        return cl_arg_error(PyExc_TypeError, c->op.func, "lo",
+                            "at least one of 'lo' and 'hi' must be given (not None)");
+    }
+    if ((has[0] && classify(c, objs[1], "lo", &bound[0]) < 0) ||
+        (has[1] && classify(c, objs[2], "hi", &bound[1]) < 0)) {
+        return -1;
+    }
+    bool keep[2] = {has[0] && !bound_ignored(&bound[0], c->arg[0].dtype, true),
+                    has[1] && !bound_ignored(&bound[1], c->arg[0].dtype, false)};
+    if (!keep[0] && !keep[1]) {
+        /* Both ignored: a itself, as maximum(a, the least value of a's dtype). */
+        long long lo, hi;
+        int_range(c->arg[0].dtype, &lo, &hi);
+        bound[0] = (ew_arg){.kind = K_WEAK_INT, .obj = Py_None, .i = lo, .f = (double)lo,
+                            .param = "lo"};
+        keep[0] = true;
+    }
+    int n = 1;
+    for (int k = 0; k < 2; k++) {
+        if (keep[k]) {
+            c->arg[n++] = bound[k];
+        }
+    }
+    c->nin = c->nargs = n;
+    c->kop = n == 3 ? CL_EW_CLAMP : keep[0] ? CL_EW_MAXIMUM : CL_EW_MINIMUM;
+    return 0;
+}
+
+/* The operands of the call, as its signature names them, then its result
+ * dtype. `objs` are the signature's parameters in order (NULL: absent). */
+static int
+ew_operands(ew_call *c, PyObject *const *objs)
+{
+    const char *const *names = signatures[c->spec->sig].names;
+    int r = -1;
+    switch (c->spec->sig) {
+    case CL_EW_SIG_UNARY:
+    case CL_EW_SIG_GELU:
+        r = array_operand(c, objs[0], names[0], &c->arg[0]);
+        break;
+    case CL_EW_SIG_BINARY:
+        r = classify(c, objs[0], names[0], &c->arg[0]) < 0 ||
+                    classify(c, objs[1], names[1], &c->arg[1]) < 0
+                ? -1
+                : 0;
+        break;
+    case CL_EW_SIG_AXPY:
+        r = axpy_operands(c, objs);
+        break;
+    case CL_EW_SIG_CLAMP:
+        r = clamp_operands(c, objs);
+        break;
+    case CL_EW_SIG_WHERE:
+        r = array_operand(c, objs[0], names[0], &c->arg[0]) < 0 ||
+                    classify(c, objs[1], names[1], &c->arg[1]) < 0 ||
+                    classify(c, objs[2], names[2], &c->arg[2]) < 0
+                ? -1
+                : 0;
+        break;
+    default:
+        PyErr_SetString(PyExc_SystemError, "element-wise op without a signature");
+        break;
+    }
+    return r < 0 ? -1 : result_dtype(c);
+}
+
+/* ---- validation: broadcast shape, out= ------------------------------------------- */
 
 static int
-broadcast_shape(const char *func, ew_arg *args, int nargs, int *ndim_out, Py_ssize_t *shape)
+broadcast_shape(ew_call *c)
 {
     int nd = 0;
-    for (int k = 0; k < nargs; k++) {
-        if (args[k].arr != NULL && args[k].arr->ndim > nd) {
-            nd = args[k].arr->ndim;
+    for (int k = 0; k < c->nin; k++) {
+        if (c->arg[k].arr != NULL && c->arg[k].arr->ndim > nd) {
+            nd = c->arg[k].arr->ndim;
         }
     }
     for (int i = 0; i < nd; i++) {
-        shape[i] = 1;
+        c->shape[i] = 1;
     }
-    const ew_arg *shaper = NULL;
-    for (int k = 0; k < nargs; k++) {
-        const DeviceArray *a = args[k].arr;
+    const DeviceArray *shaper = NULL;
+    for (int k = 0; k < c->nin; k++) {
+        const DeviceArray *a = c->arg[k].arr;
         if (a == NULL) {
             continue;
         }
         int off = nd - a->ndim;
         for (int i = 0; i < a->ndim; i++) {
-            Py_ssize_t e = a->shape[i];
-            if (e == 1 || e == shape[off + i]) {
+            Py_ssize_t e = a->shape[i], *s = &c->shape[off + i];
+            if (e == 1 || e == *s || *s == 1) {
+                *s = e == 1 ? *s : e;
                 continue;
             }
-            if (shape[off + i] == 1) {
-                shape[off + i] = e;
-                continue;
-            }
-            PyObject *s1 = cl_shape_tuple(shaper->arr->ndim, shaper->arr->shape);
+            PyObject *s1 = cl_shape_tuple(shaper->ndim, shaper->shape);
             PyObject *s2 = cl_shape_tuple(a->ndim, a->shape);
             if (s1 != NULL && s2 != NULL) {
-                cl_arg_error(PyExc_ValueError, func, args[k].param,
+                cl_arg_error(PyExc_ValueError, c->op.func, c->arg[k].param,
                              "operands could not be broadcast together with shapes %R %R", s1,
                              s2);
             }
@@ -440,93 +733,139 @@ broadcast_shape(const char *func, ew_arg *args, int nargs, int *ndim_out, Py_ssi
             Py_XDECREF(s2);
             return -1;
         }
-        shaper = &args[k];
+        shaper = a;
     }
-    *ndim_out = nd;
+    c->nd = nd;
     return 0;
 }
 
-/* ---- the core: validate, then run on the device --------------------------------- */
+/* Everything the run needs that can fail without a GPU: the shape, out= and
+ * its dtype, at least one array operand. */
+static int
+ew_validate(ew_call *c, PyObject *out_obj)
+{
+    if (broadcast_shape(c) < 0 || cl_op_out(&c->op, out_obj, c->nd, c->shape, &c->out) < 0) {
+        return -1;
+    }
+    if (c->out != NULL && !same_kind_table[c->r][c->out->dtype]) {
+        return cl_op_out_cast_error(&c->op, c->r, c->out->dtype);
+    }
+    for (int k = 0; k < c->nin; k++) {
+        if (c->arg[k].arr != NULL) {
+            return 0;
+        }
+    }
+    return cl_arg_error(PyExc_TypeError, c->op.func, c->arg[0].param,
+                        "at least one operand must be a cudalab.DeviceArray");
+}
 
-/* Byte extent [lo, hi) an array's elements occupy. */
+/* ---- the run ---------------------------------------------------------------------- */
+
+/* The dtype the kernel reads operand k in: where's condition is bool. */
+static cl_dtype
+operand_dtype(const ew_call *c, int k)
+{
+    return c->kop == CL_EW_WHERE && k == 0 ? CL_BOOL : c->r;
+}
+
+/* Element strides of `a` broadcast to the call's shape (0 on broadcast axes). */
 static void
-extent(const DeviceArray *a, uintptr_t *lo, uintptr_t *hi)
+operand_strides(const ew_call *c, const DeviceArray *a, int64_t *s)
 {
-    uintptr_t end = (uintptr_t)a->data;
-    for (int i = 0; i < a->ndim; i++) {
-        end += (uintptr_t)((a->shape[i] - 1) * a->strides[i]);
+    int off = c->nd - a->ndim;
+    Py_ssize_t item = (Py_ssize_t)cl_itemsize(a->dtype);
+    for (int i = 0; i < c->nd; i++) {
+        s[i] = (i < off || a->shape[i - off] == 1) ? 0 : a->strides[i - off] / item;
     }
-    *lo = (uintptr_t)a->data;
-    *hi = end + cl_itemsize(a->dtype);
 }
 
-/* Whether writing `out` while reading `a` (broadcast to out's shape) could
- * read an element another thread already overwrote: they overlap and `a` is
- * not exactly `out` element for element. */
-static bool
-needs_copy_for_overlap(const DeviceArray *out, const DeviceArray *a)
-{
-    if (cl_array_size(out) == 0 || cl_array_size(a) == 0) {
-        return false;
-    }
-    uintptr_t olo, ohi, alo, ahi;
-    extent(out, &olo, &ohi);
-    extent(a, &alo, &ahi);
-    if (ahi <= olo || ohi <= alo) {
-        return false;
-    }
-    if (a->data != out->data || a->dtype != out->dtype) {
-        return true;
-    }
-    int off = out->ndim - a->ndim;
-    for (int i = 0; i < out->ndim; i++) {
-        if (out->shape[i] == 1) {
-            continue;
-        }
-        Py_ssize_t s = (i < off || a->shape[i - off] == 1) ? 0 : a->strides[i - off];
-        if (s != out->strides[i]) {
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Byte strides for a new result shaped like a dense, non-C-ordered operand
+/* A new result shaped like a dense, non-C-ordered operand of the full shape
  * (NumPy's order="K"), so `a.T + b.T` stays on the contiguous path. */
-static bool
-k_order_strides(const ew_arg *args, int nargs, int nd, const Py_ssize_t *shape, cl_dtype r,
-                Py_ssize_t *strides)
+static DeviceArray *
+new_result(ew_call *c)
 {
-    for (int k = 0; k < nargs; k++) {
-        const DeviceArray *a = args[k].arr;
-        if (a == NULL || a->ndim != nd) {
+    for (int k = 0; k < c->nin; k++) {
+        const DeviceArray *a = c->arg[k].arr;
+        if (a == NULL || a->ndim != c->nd) {
             continue;
         }
         bool same = true;
-        for (int i = 0; i < nd; i++) {
-            same = same && a->shape[i] == shape[i];
+        for (int i = 0; i < c->nd; i++) {
+            same = same && a->shape[i] == c->shape[i];
         }
         if (!same || cl_is_c_contiguous(a) || !cl_is_dense(a)) {
-            return false;
+            break;
         }
+        Py_ssize_t strides[CL_MAX_NDIM];
         Py_ssize_t in_item = (Py_ssize_t)cl_itemsize(a->dtype);
-        Py_ssize_t out_item = (Py_ssize_t)cl_itemsize(r);
-        for (int i = 0; i < nd; i++) {
-            strides[i] = shape[i] > 1 ? a->strides[i] / in_item * out_item : out_item;
+        Py_ssize_t out_item = (Py_ssize_t)cl_itemsize(c->r);
+        for (int i = 0; i < c->nd; i++) {
+            strides[i] = c->shape[i] > 1 ? a->strides[i] / in_item * out_item : out_item;
         }
-        return true;
+        return cl_op_new(&c->op, c->nd, c->shape, strides, c->r);
     }
-    return false;
+    return cl_op_new(&c->op, c->nd, c->shape, NULL, c->r);
+}
+
+/* Cast or copy operands where needed, make the result, run the kernel and
+ * cast into out= when its dtype differs. tmp[k]: operand k's temporary. */
+static int
+ew_launch(ew_call *c, DeviceArray **tmp, DeviceArray **result)
+{
+    cl_state *st = c->op.st;
+    const bool direct = c->out != NULL && c->out->dtype == c->r;
+    cl_ew_operand in[EW_MAX_ARGS];
+    int64_t in_strides[EW_MAX_ARGS][CL_MAX_NDIM], out_strides[CL_MAX_NDIM], shape[CL_MAX_NDIM];
+    for (int k = 0; k < c->nin; k++) {
+        DeviceArray *a = c->arg[k].arr;
+        in[k] = (cl_ew_operand){NULL, NULL, c->arg[k].f, c->arg[k].i};
+        if (a == NULL) {
+            continue;
+        }
+        cl_dtype want = operand_dtype(c, k);
+        if (a->dtype != want || (direct && cl_out_needs_copy(c->out, a))) {
+            if ((tmp[k] = cl_array_contiguous_copy(st, c->op.func, a, want)) == NULL) {
+                return -1;
+            }
+            a = tmp[k];
+        }
+        cl_op_use(&c->op, a);
+        operand_strides(c, a, in_strides[k]);
+        in[k].data = a->data;
+        in[k].strides = in_strides[k];
+    }
+    *result = direct ? c->out : new_result(c);
+    if (*result == NULL) {
+        return -1;
+    }
+    cl_op_use(&c->op, *result);
+    Py_ssize_t item = (Py_ssize_t)cl_itemsize(c->r);
+    for (int i = 0; i < c->nd; i++) {
+        shape[i] = c->shape[i];
+        out_strides[i] = (*result)->strides[i] / item;
+    }
+    cl_ew_operand alpha = {NULL, NULL, 0.0, 0};
+    if (c->nargs > c->nin) { /* axpy */
+        alpha.fvalue = c->arg[c->nin].f;
+        alpha.ivalue = c->arg[c->nin].i;
+    }
+    if ((*result)->data != NULL) {
+        CL_CUDA_CHECK(st, cl_elementwise(c->kop, c->r, (*result)->data, out_strides, c->nd, shape,
+                                         in, &alpha, c->op.stream));
+    }
+    return c->out != NULL && !direct ? cl_array_copy_into(st, c->out, *result) : 0;
+fail:
+    return -1;
 }
 
 /* FLOPs the profiler reports: one per result element for the arithmetic ops
  * (two for axpy's multiply-add) on floating dtypes; None (-1) for the rest,
  * whose cost is not a count of floating-point operations. */
 static int64_t
-elementwise_flops(cl_ew_op op, cl_dtype r, const Py_ssize_t *shape, int nd)
+elementwise_flops(const ew_call *c)
 {
     int per;
-    switch (op) {
+    switch (c->kop) {
     case CL_EW_ADD:
     case CL_EW_SUB:
     case CL_EW_MUL:
@@ -534,420 +873,149 @@ elementwise_flops(cl_ew_op op, cl_dtype r, const Py_ssize_t *shape, int nd)
     case CL_EW_AXPY: per = 2; break;
     default: return -1;
     }
-    if (!is_float_dtype(r)) {
+    if (!cl_dtype_is_float(c->r)) {
         return -1;
     }
     int64_t n = 1;
-    for (int i = 0; i < nd; i++) {
-        n *= shape[i];
+    for (int i = 0; i < c->nd; i++) {
+        n *= c->shape[i];
     }
     return per * n;
 }
 
-static PyObject *
-ew_run(cl_state *st, const ew_spec *spec, ew_arg *args, int nargs, ew_arg *alpha,
-       PyObject *out_obj)
+/* The profiler record: bytes of every array read and of the one written. */
+static void
+profile_info(const ew_call *c, const DeviceArray *result, cl_prof_info *info)
 {
-    const char *func = spec->name;
-    ew_arg all[EW_MAX_ARGS];
-    int nall = nargs;
-    for (int k = 0; k < nargs; k++) {
-        all[k] = args[k];
-    }
-    if (alpha != NULL) {
-        all[nall++] = *alpha;
-    }
-    cl_dtype r;
-    if (result_dtype(spec, all, nall, &r) < 0) {
-        return NULL;
-    }
-    for (int k = 0; k < nargs; k++) {
-        args[k].f = all[k].f; /* weak ints now carry their value as a double too */
-    }
-    if (alpha != NULL) {
-        alpha->f = all[nargs].f;
-    }
-    int nd;
-    Py_ssize_t shape[CL_MAX_NDIM];
-    if (broadcast_shape(func, args, nargs, &nd, shape) < 0) {
-        return NULL;
-    }
-    DeviceArray *out = NULL;
-    if (out_obj != NULL && out_obj != Py_None) {
-        if (!CL_IS_DEVICEARRAY(st, out_obj)) {
-            if (PyArray_Check(out_obj)) {
-                return host_array_error(func, "out", out_obj), NULL;
-            }
-            return cl_arg_error(PyExc_TypeError, func, "out",
-                                "expected a cudalab.DeviceArray or None, got %.100s",
-                                Py_TYPE(out_obj)->tp_name), NULL;
-        }
-        out = (DeviceArray *)out_obj;
-        bool same = out->ndim == nd;
-        for (int i = 0; same && i < nd; i++) {
-            same = out->shape[i] == shape[i];
-        }
-        if (!same) {
-            PyObject *s1 = cl_shape_tuple(out->ndim, out->shape);
-            PyObject *s2 = cl_shape_tuple(nd, shape);
-            if (s1 != NULL && s2 != NULL) {
-                cl_arg_error(PyExc_ValueError, func, "out",
-                             "has shape %R but the broadcast result has shape %R", s1, s2);
-            }
-            Py_XDECREF(s1);
-            Py_XDECREF(s2);
-            return NULL;
-        }
-        if (!same_kind_table[r][out->dtype]) {
-            return cl_arg_error(PyExc_TypeError, func, "out",
-                                "Cannot cast ufunc '%s' output from dtype('%s') to "
-                                "dtype('%s') with casting rule 'same_kind'",
-                                func, cl_dtype_name(r), cl_dtype_name(out->dtype)), NULL;
+    *info = (cl_prof_info){.dtype = (int)c->r, .flops = elementwise_flops(c),
+                           .out_ndim = c->nd, .out_shape = c->shape};
+    const DeviceArray *written = c->out != NULL ? c->out : result;
+    info->bytes = written != NULL ? cl_prof_nbytes(written) : 0;
+    for (int k = 0; k < c->nin; k++) {
+        if (c->arg[k].arr != NULL) {
+            info->inputs[info->ninputs++] = c->arg[k].arr;
+            info->bytes += cl_prof_nbytes(c->arg[k].arr);
         }
     }
-    /* One device for every array. */
-    int device = -1;
-    const char *device_param = NULL;
-    for (int k = 0; k <= nargs; k++) {
-        const DeviceArray *a = k < nargs ? args[k].arr : out;
-        const char *param = k < nargs ? args[k].param : "out";
-        if (a == NULL) {
-            continue;
-        }
-        if (device < 0) {
-            device = a->device;
-            device_param = param;
-        }
-        else if (a->device != device) {
-            return cl_arg_error(PyExc_ValueError, func, param,
-                                "is on device %d but '%s' is on device %d", a->device,
-                                device_param, device), NULL;
-        }
-    }
-    if (device < 0) { /* only dtypes stood in for arrays: nothing to run */
-        return cl_arg_error(PyExc_TypeError, func, args[0].param,
-                            "at least one operand must be a cudalab.DeviceArray"), NULL;
-    }
-    if (cl_require_device(st, func) < 0) {
-        return NULL;
-    }
+}
 
-    /* ---- on the device ---- */
-    DeviceArray *tmp[EW_MAX_ARGS] = {NULL, NULL, NULL};
-    DeviceArray *result = NULL; /* what the kernel writes */
-    PyObject *ret = NULL;
-    int previous;
-    if (cl_device_enter(st, device, &previous) < 0) {
+/* Validate out= and the shape, then run on the device. The operands and the
+ * result dtype are already set (ew_operands, or the number protocol). */
+static PyObject *
+ew_run(ew_call *c, PyObject *out_obj)
+{
+    if (ew_validate(c, out_obj) < 0 || cl_op_begin(&c->op) < 0) {
         return NULL;
     }
-    cl_prof_scope ps;
-    cl_prof_begin(st, &ps, func, device);
-    bool direct = out != NULL && out->dtype == r;
-    const DeviceArray *in_arr[2] = {NULL, NULL};
-    for (int k = 0; k < nargs; k++) {
-        DeviceArray *a = args[k].arr;
-        if (a == NULL) {
-            continue;
-        }
-        if (a->dtype != r || (direct && needs_copy_for_overlap(out, a))) {
-            tmp[k] = cl_array_contiguous_copy(st, func, a, r);
-            if (tmp[k] == NULL) {
-                goto done;
-            }
-            a = tmp[k];
-        }
-        in_arr[k] = a;
+    DeviceArray *tmp[EW_MAX_ARGS] = {NULL, NULL, NULL};
+    DeviceArray *result = NULL;
+    PyObject *ret = NULL;
+    if (ew_launch(c, tmp, &result) == 0) {
+        ret = Py_NewRef(c->out != NULL ? (PyObject *)c->out : (PyObject *)result);
     }
-    if (direct) {
-        result = out;
+    cl_prof_info info;
+    if (CL_OP_PROFILING(&c->op)) {
+        profile_info(c, result, &info);
     }
-    else {
-        Py_ssize_t kstrides[CL_MAX_NDIM];
-        bool k_order = out == NULL && k_order_strides(args, nargs, nd, shape, r, kstrides);
-        result = cl_array_new(st, func, nd, shape, k_order ? kstrides : NULL, r);
-        if (result == NULL) {
-            goto done;
-        }
-    }
-    {
-        int64_t shape64[CL_MAX_NDIM], so[CL_MAX_NDIM], sin[2][CL_MAX_NDIM];
-        cl_ew_operand ops[2], alpha_op;
-        Py_ssize_t item = (Py_ssize_t)cl_itemsize(r);
-        for (int i = 0; i < nd; i++) {
-            shape64[i] = shape[i];
-            so[i] = result->strides[i] / item;
-        }
-        for (int k = 0; k < nargs; k++) {
-            const DeviceArray *a = in_arr[k];
-            ops[k].fvalue = args[k].f;
-            ops[k].ivalue = args[k].i;
-            ops[k].data = a != NULL ? a->data : NULL;
-            ops[k].strides = sin[k];
-            if (a == NULL) {
-                continue;
-            }
-            int off = nd - a->ndim;
-            for (int i = 0; i < nd; i++) {
-                sin[k][i] = (i < off || a->shape[i - off] == 1) ? 0 : a->strides[i - off] / item;
-            }
-        }
-        if (alpha != NULL) {
-            alpha_op.data = NULL;
-            alpha_op.strides = NULL;
-            alpha_op.fvalue = alpha->f;
-            alpha_op.ivalue = alpha->i;
-        }
-        for (int k = 0; k < nargs; k++) { /* stream-safe frees (record_stream) */
-            if (in_arr[k] != NULL) cl_array_note_stream(in_arr[k], cl_current_stream(st));
-        }
-        cl_array_note_stream(result, cl_current_stream(st));
-        if (result->data != NULL) {
-            CL_CUDA_CHECK(st, cl_elementwise(spec->op, r, result->data, so, nd, shape64, ops,
-                                             alpha != NULL ? &alpha_op : NULL,
-                                             cl_current_stream(st)));
-        }
-    }
-    if (out != NULL && !direct) {
-        if (cl_array_copy_into(st, out, result) < 0) {
-            goto done;
-        }
-    }
-    ret = Py_NewRef(out != NULL ? (PyObject *)out : (PyObject *)result);
-    goto done;
-fail:
-    ret = NULL;
-done:
-    if (CL_PROF_ACTIVE(&ps)) {
-        cl_prof_info info = {.dtype = (int)r, .flops = -1, .out_ndim = nd, .out_shape = shape};
-        const DeviceArray *written = out != NULL ? out : result;
-        info.bytes = written != NULL ? cl_prof_nbytes(written) : 0;
-        for (int k = 0; k < nargs; k++) {
-            if (args[k].arr != NULL) {
-                info.inputs[info.ninputs++] = args[k].arr;
-                info.bytes += cl_prof_nbytes(args[k].arr);
-            }
-        }
-        info.flops = elementwise_flops(spec->op, r, shape, nd);
-        cl_prof_end(st, &ps, ret != NULL ? &info : NULL);
-    }
-    if (result != NULL && result != out) {
+    if (result != NULL && result != c->out) {
         Py_DECREF(result);
     }
     for (int k = 0; k < EW_MAX_ARGS; k++) {
         Py_XDECREF(tmp[k]);
     }
-    cl_device_exit(device, previous);
-    return ret;
+    return cl_op_end(&c->op, ret, CL_OP_PROFILING(&c->op) ? &info : NULL);
 }
 
-/* ---- module functions ------------------------------------------------------------ */
+/* ---- module functions ------------------------------------------------------------- */
 
+/* Every function of the table: parse its signature, then its operands, run. */
 static PyObject *
-binary_entry(PyObject *module, const ew_spec *spec, PyObject *const *args, Py_ssize_t nargs,
-             PyObject *kwnames)
+ew_entry(PyObject *module, const ew_spec *spec, PyObject *const *args, Py_ssize_t nargs,
+         PyObject *kwnames)
 {
-    static const char *const names[] = {"a", "b", "out", NULL};
-    cl_state *st = cl_state_from_module(module);
-    PyObject *argv[3];
-    ew_arg ea[2];
-    if (cl_parse_args(spec->name, args, nargs, kwnames, names, 2, argv) < 0 ||
-        classify(st, argv[0], spec->name, "a", &ea[0], true, false) < 0 ||
-        classify(st, argv[1], spec->name, "b", &ea[1], true, false) < 0) {
+    const ew_signature *sig = &signatures[spec->sig];
+    PyObject *argv[EW_MAX_PARAMS];
+    ew_call c;
+    ew_call_init(&c, cl_state_from_module(module), spec, EW_CALL);
+    if (cl_parse_args(spec->name, args, nargs, kwnames, sig->names, sig->nrequired, argv) < 0 ||
+        (spec->sig == CL_EW_SIG_GELU && gelu_form(&c, argv[1]) < 0) ||
+        ew_operands(&c, argv) < 0) {
         return NULL;
     }
-    return ew_run(st, spec, ea, 2, NULL, argv[2]);
+    return ew_run(&c, argv[sig->out]);
 }
 
-static PyObject *
-unary_entry(PyObject *module, const ew_spec *spec, PyObject *const *args, Py_ssize_t nargs,
-            PyObject *kwnames)
-{
-    static const char *const names[] = {"a", "out", NULL};
-    cl_state *st = cl_state_from_module(module);
-    PyObject *argv[2];
-    ew_arg ea[1];
-    if (cl_parse_args(spec->name, args, nargs, kwnames, names, 1, argv) < 0 ||
-        classify(st, argv[0], spec->name, "a", &ea[0], true, false) < 0) {
-        return NULL;
+/* One C function ew_py_<name> and its docstring per function of the table
+ * (the prefix keeps abs, exp, log, pow, sqrt and tanh off the C library). */
+#define EW_DEFINE_(ENUM, name, sig, doc)                                                          \
+    PyDoc_STRVAR(ew_py_##name##_doc, #name EW_TEXT_##sig "\n--\n\n" doc                           \
+                 "\n\nParameters\n----------\n" EW_DOC_##sig);                                    \
+    static PyObject *ew_py_##name(PyObject *module, PyObject *const *args, Py_ssize_t nargs,       \
+                                  PyObject *kwnames)                                              \
+    {                                                                                             \
+        return ew_entry(module, &ew_specs[CL_EW_##ENUM], args, nargs, kwnames);                   \
     }
-    if (ea[0].kind != K_ARRAY) {
-        return cl_arg_error(PyExc_TypeError, spec->name, "a",
-                            "expected a cudalab.DeviceArray, got %.100s",
-                            Py_TYPE(argv[0])->tp_name), NULL;
-    }
-    return ew_run(st, spec, ea, 1, NULL, argv[1]);
-}
+#define EW_FUNCTION_(ENUM, name, sig, nin, rule, expr, doc)                                       \
+    EW_IF_##sig(EW_DEFINE_(ENUM, name, sig, doc))
+CL_EW_OPS(EW_FUNCTION_)
+#undef EW_FUNCTION_
+#undef EW_DEFINE_
 
-#define BINARY(name, summary, detail)                                                          \
-    PyDoc_STRVAR(ew_##name##_doc,                                                               \
-        #name "(a, b, out=None)\n--\n\n" summary "\n\n" detail                                  \
-        "Parameters\n----------\n"                                                              \
-        "a, b : DeviceArray or scalar\n"                                                        \
-        "    At least one a DeviceArray; NumPy broadcasting over any strides.\n"                \
-        "    Python scalars are weak (NEP 50): ``x + 2.0`` keeps x's float dtype.\n"            \
-        "out : DeviceArray, optional\n"                                                         \
-        "    Written in place; exactly the broadcast shape, any dtype the result\n"             \
-        "    casts to under NumPy's 'same_kind' rule. May be `a` or `b` itself.\n\n"            \
-        "Returns\n-------\nDeviceArray\n    `out`, or a new array of the promoted dtype.");   \
-    static PyObject *ew_##name(PyObject *module, PyObject *const *args, Py_ssize_t nargs,       \
-                          PyObject *kwnames)                                                    \
-    {                                                                                           \
-        return binary_entry(module, &spec_##name, args, nargs, kwnames);                        \
-    }
-
-#define UNARY(name, summary, detail)                                                           \
-    PyDoc_STRVAR(ew_##name##_doc,                                                               \
-        #name "(a, out=None)\n--\n\n" summary "\n\n" detail                                     \
-        "Parameters\n----------\n"                                                              \
-        "a : DeviceArray\n"                                                                     \
-        "out : DeviceArray, optional\n"                                                         \
-        "    Written in place; a's shape, any dtype the result casts to under\n"               \
-        "    NumPy's 'same_kind' rule. May be `a` itself.\n\n"                                 \
-        "Returns\n-------\nDeviceArray\n    `out`, or a new array.");                           \
-    static PyObject *ew_##name(PyObject *module, PyObject *const *args, Py_ssize_t nargs,       \
-                          PyObject *kwnames)                                                    \
-    {                                                                                           \
-        return unary_entry(module, &spec_##name, args, nargs, kwnames);                         \
-    }
-
-BINARY(add, "Element-wise ``a + b``.", "bool + bool is logical or, as in NumPy.\n\n")
-BINARY(sub, "Element-wise ``a - b``.", "bool - bool is a TypeError, as in NumPy.\n\n")
-BINARY(mul, "Element-wise ``a * b``.",
-       "bool * bool is logical and. ``mul(x, 2.0, out=x)`` scales in place.\n\n")
-BINARY(div, "Element-wise true division ``a / b``.",
-       "Integer and bool operands give float64, as in NumPy.\n\n")
-BINARY(maximum, "Element-wise maximum; a NaN in either operand gives NaN (NumPy).", "")
-BINARY(minimum, "Element-wise minimum; a NaN in either operand gives NaN (NumPy).", "")
-
-UNARY(neg, "Element-wise ``-a`` (integers wrap; bool is a TypeError, as in NumPy).", "")
-UNARY(abs, "Element-wise absolute value (abs of the most negative integer wraps).", "")
-UNARY(exp, "Element-wise exponential.",
-      "float16/bfloat16 are computed in float32; integer inputs give float16\n"
-      "(bool, int8, uint8) or float64 (int32, int64), as in NumPy.\n\n")
-UNARY(log, "Element-wise natural logarithm (NaN for negative inputs).",
-      "Result dtypes as for exp.\n\n")
-UNARY(sqrt, "Element-wise square root (NaN for negative inputs).",
-      "Result dtypes as for exp.\n\n")
-UNARY(tanh, "Element-wise hyperbolic tangent.", "Result dtypes as for exp.\n\n")
-UNARY(sigmoid, "Element-wise logistic sigmoid ``1 / (1 + exp(-a))``.",
-      "Result dtypes as for exp.\n\n")
-UNARY(relu, "Element-wise ``max(a, 0)`` in a's dtype (NaN stays NaN; bool refused).", "")
-
-PyDoc_STRVAR(ew_gelu_doc,
-"gelu(a, approximate='none', out=None)\n--\n\n"
-"Element-wise GELU.\n\n"
-"``approximate='none'``: ``0.5 a (1 + erf(a / sqrt(2)))``;\n"
-"``approximate='tanh'``: ``0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))``\n"
-"(the two forms of torch.nn.functional.gelu). Result dtypes as for exp.\n\n"
-"Parameters\n----------\n"
-"a : DeviceArray\n"
-"approximate : {'none', 'tanh'}, optional\n"
-"out : DeviceArray, optional\n"
-"    Written in place; a's shape, a dtype the result casts to ('same_kind').\n\n"
-"Returns\n-------\nDeviceArray");
+PyDoc_STRVAR(ew_py__elementwise_functions_doc,
+"_elementwise_functions()\n--\n\n"
+"The names of the element-wise functions, in the order of the op table\n"
+"(the package re-exports each).");
 
 static PyObject *
-ew_gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+ew_py__elementwise_functions(PyObject *module, PyObject *unused)
 {
-    static const char *const names[] = {"a", "approximate", "out", NULL};
-    cl_state *st = cl_state_from_module(module);
-    PyObject *argv[3];
-    ew_arg ea[1];
-    const ew_spec *spec = &spec_gelu;
-    if (cl_parse_args("gelu", args, nargs, kwnames, names, 1, argv) < 0 ||
-        classify(st, argv[0], "gelu", "a", &ea[0], true, false) < 0) {
-        return NULL;
-    }
-    if (argv[1] != NULL) {
-        if (!PyUnicode_Check(argv[1])) {
-            return cl_arg_error(PyExc_TypeError, "gelu", "approximate",
-                                "expected 'none' or 'tanh', got %.100s",
-                                Py_TYPE(argv[1])->tp_name), NULL;
+    PyObject *names = PyList_New(0);
+    for (int op = 0; names != NULL && op < CL_EW_NUM_OPS; op++) {
+        if (ew_specs[op].sig == CL_EW_SIG_NONE) {
+            continue;
         }
-        if (PyUnicode_CompareWithASCIIString(argv[1], "tanh") == 0) {
-            spec = &spec_gelu_tanh;
+        PyObject *name = PyUnicode_FromString(ew_specs[op].name);
+        if (name == NULL || PyList_Append(names, name) < 0) {
+            Py_XDECREF(name);
+            Py_CLEAR(names);
+            break;
         }
-        else if (PyUnicode_CompareWithASCIIString(argv[1], "none") != 0) {
-            return cl_arg_error(PyExc_ValueError, "gelu", "approximate",
-                                "expected 'none' or 'tanh', got %R", argv[1]), NULL;
-        }
+        Py_DECREF(name);
     }
-    if (ea[0].kind != K_ARRAY) {
-        return cl_arg_error(PyExc_TypeError, "gelu", "a",
-                            "expected a cudalab.DeviceArray, got %.100s",
-                            Py_TYPE(argv[0])->tp_name), NULL;
-    }
-    return ew_run(st, spec, ea, 1, NULL, argv[2]);
+    PyObject *tuple = names != NULL ? PyList_AsTuple(names) : NULL;
+    Py_XDECREF(names);
+    return tuple;
 }
 
-PyDoc_STRVAR(ew_axpy_doc,
-"axpy(alpha, x, y, out=None)\n--\n\n"
-"``alpha * x + y`` element-wise, as one fused multiply-add (one rounding).\n\n"
-"One operation, so the result dtype is ``np.result_type(alpha, x, y)``\n"
-"(NEP 50), not that of the two-step ``alpha * x + y``.\n\n"
-"Parameters\n----------\n"
-"alpha : scalar\n"
-"    A Python or NumPy real scalar (weak or strong like any other operand).\n"
-"x, y : DeviceArray or scalar\n"
-"    At least one a DeviceArray; NumPy broadcasting.\n"
-"out : DeviceArray, optional\n"
-"    Written in place (``axpy(a, x, y, out=y)`` is BLAS's axpy); the\n"
-"    broadcast shape, a dtype the result casts to ('same_kind').\n\n"
-"Returns\n-------\nDeviceArray");
-
-static PyObject *
-ew_axpy(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
-{
-    static const char *const names[] = {"alpha", "x", "y", "out", NULL};
-    cl_state *st = cl_state_from_module(module);
-    PyObject *argv[4];
-    ew_arg ea[2], alpha;
-    if (cl_parse_args("axpy", args, nargs, kwnames, names, 3, argv) < 0 ||
-        classify(st, argv[0], "axpy", "alpha", &alpha, true, false) < 0) {
-        return NULL;
-    }
-    if (alpha.kind == K_ARRAY) {
-        return cl_arg_error(PyExc_TypeError, "axpy", "alpha",
-                            "expected a real scalar, got a DeviceArray (use mul and add for "
-                            "an array-valued alpha)"), NULL;
-    }
-    if (classify(st, argv[1], "axpy", "x", &ea[0], true, false) < 0 ||
-        classify(st, argv[2], "axpy", "y", &ea[1], true, false) < 0) {
-        return NULL;
-    }
-    return ew_run(st, &spec_axpy, ea, 2, &alpha, argv[3]);
-}
-
-PyDoc_STRVAR(ew__elementwise_result_type_doc,
+PyDoc_STRVAR(ew_py__elementwise_result_type_doc,
 "_elementwise_result_type(func, *operands)\n--\n\n"
 "The dtype `func` (an element-wise function's name) would return for these\n"
 "operands, where a NumPy dtype stands for an array of that dtype and scalars\n"
-"are themselves. Raises the same TypeError/OverflowError the function\n"
-"would. For tests; needs no GPU.");
+"are themselves (None for an absent clamp bound). Raises the same\n"
+"TypeError/OverflowError/ValueError the function would. For tests; needs\n"
+"no GPU.");
 
 static PyObject *
-ew__elementwise_result_type(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                         PyObject *kwnames)
+ew_py__elementwise_result_type(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
 {
     cl_state *st = cl_state_from_module(module);
-    static const char *const params[] = {"a", "b", "c"};
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
         PyErr_SetString(PyExc_TypeError, "_elementwise_result_type() takes no keywords");
         return NULL;
     }
-    if (nargs < 1 || !PyUnicode_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "_elementwise_result_type() needs a function name first");
-        return NULL;
-    }
-    const char *name = PyUnicode_AsUTF8(args[0]);
+    const char *name = nargs >= 1 && PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8(args[0]) : NULL;
     if (name == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError,
+                            "_elementwise_result_type() needs a function name first");
+        }
         return NULL;
     }
     const ew_spec *spec = NULL;
-    for (int k = 0; all_specs[k] != NULL; k++) {
-        if (strcmp(all_specs[k]->name, name) == 0) {
-            spec = all_specs[k];
+    for (int op = 0; spec == NULL && op < CL_EW_NUM_OPS; op++) {
+        if (ew_specs[op].sig != CL_EW_SIG_NONE && strcmp(ew_specs[op].name, name) == 0) {
+            spec = &ew_specs[op];
         }
     }
     if (spec == NULL) {
@@ -955,56 +1023,38 @@ ew__elementwise_result_type(PyObject *module, PyObject *const *args, Py_ssize_t 
                      args[0]);
         return NULL;
     }
-    Py_ssize_t want = spec->nin + (spec->op == CL_EW_AXPY ? 1 : 0);
-    if (nargs - 1 != want) {
-        PyErr_Format(PyExc_TypeError, "_elementwise_result_type(): %s takes %zd operands",
-                     name, want);
+    int nops = signatures[spec->sig].nops;
+    if (nargs - 1 != nops) {
+        PyErr_Format(PyExc_TypeError, "_elementwise_result_type(): %s takes %d operands", name,
+                     nops);
         return NULL;
     }
-    ew_arg ea[EW_MAX_ARGS];
-    for (Py_ssize_t k = 0; k < want; k++) {
-        if (classify(st, args[k + 1], name, params[k], &ea[k], true, true) < 0) {
-            return NULL;
-        }
-    }
-    cl_dtype r;
-    if (result_dtype(spec, ea, (int)want, &r) < 0) {
+    ew_call c;
+    ew_call_init(&c, st, spec, EW_RESULT_TYPE);
+    if (ew_operands(&c, args + 1) < 0) {
         return NULL;
     }
-    return Py_NewRef((PyObject *)st->descr[r]);
+    return Py_NewRef((PyObject *)st->descr[c.r]);
 }
 
-/* CL_FASTCALL with the C function named ew_<name> (abs, exp, log, sqrt and
- * tanh would collide with the C library). */
-#define EW_ENTRY(name)                                                                          \
-    {#name, (PyCFunction)(void (*)(void))ew_##name, METH_FASTCALL | METH_KEYWORDS,              \
-     ew_##name##_doc}
+#define EW_METHOD_(ENUM, name, sig, ...)                                                          \
+    EW_IF_##sig({#name, (PyCFunction)(void (*)(void))ew_py_##name,                                \
+                 METH_FASTCALL | METH_KEYWORDS, ew_py_##name##_doc},)
 
 PyMethodDef cl_elementwise_methods[] = {
-    EW_ENTRY(add),
-    EW_ENTRY(sub),
-    EW_ENTRY(mul),
-    EW_ENTRY(div),
-    EW_ENTRY(maximum),
-    EW_ENTRY(minimum),
-    EW_ENTRY(axpy),
-    EW_ENTRY(neg),
-    EW_ENTRY(abs),
-    EW_ENTRY(exp),
-    EW_ENTRY(log),
-    EW_ENTRY(sqrt),
-    EW_ENTRY(tanh),
-    EW_ENTRY(sigmoid),
-    EW_ENTRY(relu),
-    EW_ENTRY(gelu),
-    EW_ENTRY(_elementwise_result_type),
+    CL_EW_OPS(EW_METHOD_)
+    {"_elementwise_functions", ew_py__elementwise_functions, METH_NOARGS,
+     ew_py__elementwise_functions_doc},
+    {"_elementwise_result_type", (PyCFunction)(void (*)(void))ew_py__elementwise_result_type,
+     METH_FASTCALL | METH_KEYWORDS, ew_py__elementwise_result_type_doc},
     {NULL, NULL, 0, NULL},
 };
+#undef EW_METHOD_
 
-/* ---- the number protocol ------------------------------------------------------- */
+/* ---- the number protocol --------------------------------------------------------- */
 
 static PyObject *
-nb_binary(PyObject *a, PyObject *b, const ew_spec *spec, bool inplace)
+nb_binary(PyObject *a, PyObject *b, cl_ew_op op, bool inplace)
 {
     PyTypeObject *type = is_device_array_type(Py_TYPE(a))   ? Py_TYPE(a)
                          : is_device_array_type(Py_TYPE(b)) ? Py_TYPE(b)
@@ -1012,52 +1062,52 @@ nb_binary(PyObject *a, PyObject *b, const ew_spec *spec, bool inplace)
     if (type == NULL) {
         Py_RETURN_NOTIMPLEMENTED;
     }
-    cl_state *st = cl_state_from_type(type);
-    ew_arg ea[2];
-    int r0 = classify(st, a, spec->name, "a", &ea[0], false, false);
-    if (r0 < 0) {
-        return NULL;
-    }
-    int r1 = r0 == 0 ? classify(st, b, spec->name, "b", &ea[1], false, false) : 1;
-    if (r1 < 0) {
+    ew_call c;
+    ew_call_init(&c, cl_state_from_type(type), &ew_specs[op], EW_OPERATOR);
+    int r0 = classify(&c, a, "a", &c.arg[0]);
+    int r1 = r0 == 0 ? classify(&c, b, "b", &c.arg[1]) : r0;
+    if (r0 < 0 || r1 < 0) {
         return NULL;
     }
     if (r0 == 1 || r1 == 1) {
         Py_RETURN_NOTIMPLEMENTED;
     }
-    return ew_run(st, spec, ea, 2, NULL, inplace ? a : NULL);
+    if (result_dtype(&c) < 0) {
+        return NULL;
+    }
+    return ew_run(&c, inplace ? a : NULL);
 }
 
 static PyObject *
-nb_unary(PyObject *a, const ew_spec *spec)
+nb_unary(PyObject *a, cl_ew_op op)
 {
     if (!is_device_array_type(Py_TYPE(a))) {
         Py_RETURN_NOTIMPLEMENTED;
     }
-    cl_state *st = cl_state_from_type(Py_TYPE(a));
-    ew_arg ea[1];
-    if (classify(st, a, spec->name, "a", &ea[0], true, false) < 0) {
+    ew_call c;
+    ew_call_init(&c, cl_state_from_type(Py_TYPE(a)), &ew_specs[op], EW_OPERATOR);
+    if (ew_operands(&c, &a) < 0) {
         return NULL;
     }
-    return ew_run(st, spec, ea, 1, NULL, NULL);
+    return ew_run(&c, NULL);
 }
 
-PyObject *cl_nb_add(PyObject *a, PyObject *b) { return nb_binary(a, b, &spec_add, false); }
-PyObject *cl_nb_subtract(PyObject *a, PyObject *b) { return nb_binary(a, b, &spec_sub, false); }
-PyObject *cl_nb_multiply(PyObject *a, PyObject *b) { return nb_binary(a, b, &spec_mul, false); }
-PyObject *cl_nb_true_divide(PyObject *a, PyObject *b) { return nb_binary(a, b, &spec_div, false); }
-PyObject *cl_nb_inplace_add(PyObject *a, PyObject *b) { return nb_binary(a, b, &spec_add, true); }
+PyObject *cl_nb_add(PyObject *a, PyObject *b) { return nb_binary(a, b, CL_EW_ADD, false); }
+PyObject *cl_nb_subtract(PyObject *a, PyObject *b) { return nb_binary(a, b, CL_EW_SUB, false); }
+PyObject *cl_nb_multiply(PyObject *a, PyObject *b) { return nb_binary(a, b, CL_EW_MUL, false); }
+PyObject *cl_nb_true_divide(PyObject *a, PyObject *b) { return nb_binary(a, b, CL_EW_DIV, false); }
+PyObject *cl_nb_inplace_add(PyObject *a, PyObject *b) { return nb_binary(a, b, CL_EW_ADD, true); }
 PyObject *cl_nb_inplace_subtract(PyObject *a, PyObject *b)
 {
-    return nb_binary(a, b, &spec_sub, true);
+    return nb_binary(a, b, CL_EW_SUB, true);
 }
 PyObject *cl_nb_inplace_multiply(PyObject *a, PyObject *b)
 {
-    return nb_binary(a, b, &spec_mul, true);
+    return nb_binary(a, b, CL_EW_MUL, true);
 }
 PyObject *cl_nb_inplace_true_divide(PyObject *a, PyObject *b)
 {
-    return nb_binary(a, b, &spec_div, true);
+    return nb_binary(a, b, CL_EW_DIV, true);
 }
-PyObject *cl_nb_negative(PyObject *a) { return nb_unary(a, &spec_neg); }
-PyObject *cl_nb_absolute(PyObject *a) { return nb_unary(a, &spec_abs); }
+PyObject *cl_nb_negative(PyObject *a) { return nb_unary(a, CL_EW_NEG); }
+PyObject *cl_nb_absolute(PyObject *a) { return nb_unary(a, CL_EW_ABS); }

@@ -12,6 +12,8 @@ kernels and cuBLAS; this package re-exports its API with names that follow
     print(y.get(), cl.memory_allocated())
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from . import _core
 from ._core import (
     MAX_NDIM,
@@ -61,26 +63,14 @@ from ._core import (
     zeros,
     zeros_like,
 )
-# Element-wise ops (issue 3). `abs` shadows the builtin inside this namespace
-# only, as numpy.abs does.
-from ._core import (  # noqa: A004
-    abs,
-    add,
-    axpy,
-    div,
-    exp,
-    gelu,
-    log,
-    maximum,
-    minimum,
-    mul,
-    neg,
-    relu,
-    sigmoid,
-    sqrt,
-    sub,
-    tanh,
-)
+# Element-wise ops: every function of the C op table, re-exported under the
+# names the table gives (a new op needs no edit here). `abs` and `pow` shadow
+# the builtins inside this namespace only, as numpy.abs does. Type checkers
+# find them through _core.pyi.
+if _TYPE_CHECKING:
+    from ._core import *  # noqa: F403
+_ELEMENTWISE = _core._elementwise_functions()
+globals().update({_name: getattr(_core, _name) for _name in _ELEMENTWISE})
 # Pinned host memory and interop.
 from ._core import from_dlpack, is_pinned, pinned_empty
 from .devices import (
@@ -160,24 +150,7 @@ __all__ = [
     "zeros_like",
 ]
 
-__all__ += [  # element-wise ops
-    "abs",
-    "add",
-    "axpy",
-    "div",
-    "exp",
-    "gelu",
-    "log",
-    "maximum",
-    "minimum",
-    "mul",
-    "neg",
-    "relu",
-    "sigmoid",
-    "sqrt",
-    "sub",
-    "tanh",
-]
+__all__ += list(_ELEMENTWISE)  # element-wise ops
 
 __all__ += [  # streams, events, CUDA graphs
     "CUDAGraph",

@@ -198,7 +198,7 @@ def argmax(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: Devi
 def softmax(a: DeviceArray, axis: SupportsIndex = -1, out: DeviceArray | None = None) -> DeviceArray: ...
 def log_softmax(a: DeviceArray, axis: SupportsIndex = -1, out: DeviceArray | None = None) -> DeviceArray: ...
 
-# ---- element-wise ops (csrc/ops/elementwise.c, cuda/ops/elementwise.cu) -------------
+# ---- element-wise ops (the table cuda/ops/elementwise_ops.h; csrc/ops/elementwise.c) -----
 # Operands: DeviceArray or real scalars (Python scalars are weak, NEP 50);
 # NumPy broadcasting; result dtype as NumPy 2; `out` may alias an input.
 
@@ -225,6 +225,18 @@ def relu(a: DeviceArray, out: DeviceArray | None = None) -> DeviceArray: ...
 def gelu(
     a: DeviceArray, approximate: str = "none", out: DeviceArray | None = None
 ) -> DeviceArray: ...  # approximate: "none" (erf) or "tanh"
+def pow(a: _Operand, b: _Operand, out: DeviceArray | None = None) -> DeviceArray: ...
+def clamp(
+    a: DeviceArray,
+    lo: _Operand | None = None,
+    hi: _Operand | None = None,
+    out: DeviceArray | None = None,
+) -> DeviceArray: ...  # at least one of lo, hi
+def where(
+    cond: DeviceArray, a: _Operand, b: _Operand, out: DeviceArray | None = None
+) -> DeviceArray: ...  # a where cond, else b
+def _elementwise_functions() -> tuple[str, ...]: ...
+def _elementwise_result_type(func: str, *operands: object) -> np.dtype: ...
 
 # ---- streams, events, CUDA graphs (csrc/runtime/stream.c, graph.c) ------------------------
 
