@@ -9,6 +9,7 @@ and the file is a cudalab results file (`cudalab.bench.write_results`, kind
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -44,6 +45,27 @@ def machine() -> dict:
     return info
 
 
+def readme_row(results: dict) -> str:
+    """The README's "latest GPU check" table row for a gpu_check results file.
+
+    README.md holds this row verbatim; tests/test_readme_results_cpu.py checks
+    that it does, so the README's test counts cannot drift from the file.
+    """
+    machine = results["machine"]
+    dev = machine["devices"][0] if machine["devices"] else None
+    if dev is None:
+        device = "no GPU"
+    else:
+        cc = ".".join(str(v) for v in dev["compute_capability"])
+        device = f"{dev['name']} (cc {cc}, {dev['multi_processor_count']} SMs)"
+    runtime = machine["cuda"]["runtime_version"]
+    runtime_text = f"CUDA {runtime // 1000}.{runtime % 1000 // 10}"
+    driver = machine["cuda"]["driver"] or "?"
+    return (f"| {device} | {driver} / {runtime_text} | {results['tests']} | {results['passed']} | "
+            f"{results['failures'] + results['errors']} | {results['skipped']} | "
+            f"`{results['command']}` |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--junit", type=Path, required=True)
@@ -67,6 +89,8 @@ def main() -> int:
                          "build_seconds": args.build_seconds, "test_seconds": args.test_seconds})
     if args.copy_to is not None and args.copy_to.resolve() != args.outdir.resolve():
         shutil.copy(path, args.copy_to / path.name)
+    print("README row:")
+    print(readme_row(json.loads(path.read_text())))
     print(f"summary: {counts['passed']} passed, {counts['failures']} failed, "
           f"{counts['errors']} errors, {counts['skipped']} skipped on {device} -> {path}")
     return 0

@@ -1,0 +1,33 @@
+"""README figures that come from committed result files must match them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _support import README, REPO_ROOT, load_module
+
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+gpu_summary = load_module(REPO_ROOT / "scripts" / "gpu_summary.py")
+
+
+def _gpu_check_files():
+    files = []
+    for path in sorted(RESULTS.glob("gpu_check_*.json")):
+        data = json.loads(path.read_text())
+        if data.get("schema", "").startswith("cudalab.results/"):
+            files.append(pytest.param(data, id=path.name))
+    return files
+
+
+@pytest.mark.parametrize("results", _gpu_check_files())
+def test_readme_gpu_check_row_matches_the_results_file(results):
+    row = gpu_summary.readme_row(results)
+    assert row in README.read_text().splitlines(), (
+        f"README's GPU check table lacks the row of the committed results file; "
+        f"it should read:\n{row}")
+
+
+def test_there_is_a_gpu_check_results_file():
+    assert _gpu_check_files(), "no gpu_check_*.json in the results schema is committed"
