@@ -11,6 +11,7 @@ settings stored with the result, on any machine.
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import numpy as np
@@ -145,9 +146,11 @@ def test_exact_repeats_like_cli_iterations(gpu):
 
 
 def test_noisy_work_stops_at_the_time_budget_with_a_warning(gpu):
-    durations = np.random.default_rng(0).uniform(1e-3, 3e-3, 100_000)
-    m = Timer("quick", warmup=0.0, min_run_time=0.01, max_run_time=0.02).measure(
-        work(gpu, iter(durations)), ceiling=None)
+    # The budget is host time: with no repeat limit in reach, only it can stop
+    # the loop, however fast this machine runs the simulated work.
+    durations = np.random.default_rng(0).uniform(1e-3, 3e-3, 1000)
+    m = Timer("quick", warmup=0.0, min_run_time=0.01, max_run_time=0.02,
+              max_repeats=10**9).measure(work(gpu, itertools.cycle(durations)), ceiling=None)
     assert m.stop_reason == "time_budget"
     assert m.noisy and "noisy" in m.warning
 
