@@ -133,6 +133,8 @@ NEEDS_GPU = {
     "Stream": lambda: cudalab.Stream(),
     "graph": lambda: cudalab.graph(cudalab.CUDAGraph()).__enter__(),
     "pinned_empty": lambda: cudalab.pinned_empty(3),
+    "random.normal": lambda: cudalab.random.normal(3),
+    "random.uniform": lambda: cudalab.random.uniform(3, seed=1),
 }
 
 
@@ -210,6 +212,9 @@ PUBLIC_ARG_ERRORS = [
     ("device", lambda: cudalab.device(-3), ValueError, "device.__init__"),
     ("graph", lambda: cudalab.graph(object()), TypeError, "graph.__init__"),
     ("stream", lambda: cudalab.stream(5), TypeError, "stream.__init__"),
+    ("normal", lambda: cudalab.random.normal(3, seed=-1), ValueError, "normal"),
+    ("uniform", lambda: cudalab.random.uniform(3, seed=1.5), TypeError, "uniform"),
+    ("integers", lambda: cudalab.random.integers(3, 5, seed="x"), TypeError, "integers"),
 ]
 
 
@@ -227,7 +232,8 @@ def test_argument_errors_come_from_the_public_function(func, call, exc, frame):
     ("func", "frame"),
     [("get_device_properties", "get_device_properties"), ("get_device_name", "get_device_name"),
      ("get_device_capability", "get_device_capability"), ("memory_summary", "memory_summary"),
-     ("device", "device.__enter__"), ("graph", "graph.__enter__")],
+     ("device", "device.__enter__"), ("graph", "graph.__enter__"),
+     ("random.normal", "normal"), ("random.uniform", "uniform")],
 )
 def test_no_device_errors_come_from_the_public_function(func, frame):
     with pytest.raises(cudalab.NoDeviceError) as info:

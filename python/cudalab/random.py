@@ -40,6 +40,9 @@ from . import _core
 __all__ = ["integers", "normal", "seed", "uniform"]
 
 _MASK64 = (1 << 64) - 1
+# Errors about the caller's arguments or the device: the public functions
+# re-raise them from their own frame, so a traceback ends where the user called.
+_CALLER_ERRORS = (TypeError, ValueError, OverflowError, _core.CudalabError)
 
 
 class _DefaultGenerator:
@@ -130,7 +133,10 @@ def normal(
         C-contiguous, ``mean + std * z`` with ``z`` standard normal
         (Box-Muller).
     """
-    return _dispatch(_core._random_normal, "normal", seed, shape, mean, std, dtype)
+    try:
+        return _dispatch(_core._random_normal, "normal", seed, shape, mean, std, dtype)
+    except _CALLER_ERRORS as exc:
+        raise exc.with_traceback(None)  # the caller's error: no frames of this module
 
 
 def uniform(
@@ -159,7 +165,10 @@ def uniform(
     DeviceArray
         C-contiguous.
     """
-    return _dispatch(_core._random_uniform, "uniform", seed, shape, low, high, dtype)
+    try:
+        return _dispatch(_core._random_uniform, "uniform", seed, shape, low, high, dtype)
+    except _CALLER_ERRORS as exc:
+        raise exc.with_traceback(None)  # the caller's error: no frames of this module
 
 
 def integers(
@@ -191,4 +200,7 @@ def integers(
         C-contiguous; every value of the range is equally likely (no modulo
         bias).
     """
-    return _dispatch(_core._random_integers, "integers", seed, shape, low, high, dtype)
+    try:
+        return _dispatch(_core._random_integers, "integers", seed, shape, low, high, dtype)
+    except _CALLER_ERRORS as exc:
+        raise exc.with_traceback(None)  # the caller's error: no frames of this module
