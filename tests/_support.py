@@ -840,3 +840,17 @@ def assorted_views(make, *, to_device=None) -> list[StridedView]:
         device, host = roots[shape]
         out.append(StridedView(name, view(device), view(host)))
     return out
+
+
+# ===================================================== measurements on a named device
+
+
+def fake_gpu_measurement(label: str, median: float, **fields):
+    """fake_gpu_measurement(label, median, **fields) -> Measurement
+
+    `fake_measurement` with `median` given by position and the device named
+    "Fake GPU" unless `fields` names one: for results files and baselines,
+    which record the device and compare it.
+    """
+    fields.setdefault("device", "Fake GPU")
+    return fake_measurement(label, median=median, **fields)
