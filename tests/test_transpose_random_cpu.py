@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import cudalab
 import cudalab.random as clr
-from _support import PHILOX_KAT, arg_error, no_gpu_only, philox4x32_10
+from _support import BF16, PHILOX_KAT, arg_error, dtype_id, no_gpu_only, philox4x32_10
 
 core = cudalab._core
 
@@ -140,7 +139,7 @@ def test_random_rejects_unsupported_dtype(func):
 
 
 @pytest.mark.parametrize(
-    "dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.bool_, "uint16"]
+    "dtype", [np.float32, np.float64, np.float16, BF16, np.bool_, "uint16"], ids=dtype_id
 )
 def test_integers_rejects_non_integer_dtypes(dtype):
     with pytest.raises(TypeError, match=arg_error("integers", "dtype")):
@@ -174,7 +173,7 @@ def test_normal_parameter_errors(kw, param, exc, msg):
         ({"high": "1"}, "high", TypeError, "expected a real number"),
         # Equal once rounded to float16 (spacing 2**-10 near 1).
         ({"low": 1.0, "high": 1.0001, "dtype": np.float16}, "high", ValueError, "greater than low"),
-        ({"low": 1.0, "high": 1.001, "dtype": ml_dtypes.bfloat16}, "high", ValueError,
+        ({"low": 1.0, "high": 1.001, "dtype": BF16}, "high", ValueError,
          "greater than low"),
         ({"high": 1e6, "dtype": np.float16}, "high", ValueError, "overflows float16"),
         ({"low": -1e39, "high": 0.0, "dtype": np.float32}, "low", ValueError, "overflows"),
