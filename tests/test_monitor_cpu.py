@@ -569,7 +569,8 @@ def test_plot(fake_nvml):
     try:
         assert mon.plot(ax=axes, fields=("temperature_c", "memory_used_bytes")) is figure
         assert [ax.get_ylabel() for ax in axes] == ["temperature_c", "memory_used_bytes"]
-        with assert_arg_error(ValueError, "GpuMonitor.plot", "ax", match="^got 2 Axes for 1 fields"):
+        with assert_arg_error(ValueError, "GpuMonitor.plot", "ax",
+                              match="^got 2 Axes for 1 fields"):
             mon.plot(ax=axes, fields="temperature_c")
     finally:
         plt.close(figure)
