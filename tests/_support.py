@@ -810,3 +810,73 @@ def check_result(got, ref, dtype=None) -> None:
         assert err < tolerance(dtype), f"relative error {err:.3g} for {dtype}"
     else:
         np.testing.assert_array_equal(host, np.asarray(ref).astype(dtype))
+
+
+# ===================================================== hand-picked views ====
+
+# (root shape, name, view): each view takes the same basic indexing on a host
+# root and on the DeviceArray holding it. Odd extents throughout.
+_ASSORTED_VIEWS = [
+    ((64, 131, 9), "stepped_middle", lambda a: a[:, 3:100:2, :]),
+    ((64, 131, 9), "offset_outer_inner", lambda a: a[1:, :, 1:]),
+    ((64, 131, 9), "transposed_102", lambda a: a.transpose(1, 0, 2)),
+    ((64, 131, 9), "transposed_210", lambda a: a.transpose(2, 1, 0)),
+    ((64, 131, 9), "indexed", lambda a: a[::3, 5, ::2]),
+    ((257, 1031), "transposed", lambda a: a.T),
+    ((257, 1031), "rows_misaligned", lambda a: a[:, 1:]),
+    ((257, 1031), "offset_stepped", lambda a: a[3:, 5:1000:3]),
+    ((257, 1031), "transposed_stepped", lambda a: a.T[::2, 1:]),
+    ((100003,), "head_misaligned", lambda a: a[1:]),
+    ((100003,), "stepped_7", lambda a: a[3::7]),
+]
+
+
+def assorted_views(make, *, to_device=None) -> list[StridedView]:
+    """assorted_views(make, *, to_device=None) -> list[StridedView]
+
+    Hand-picked views for kernels that work along an axis (reductions,
+    softmax), of three roots: a (64, 131, 9) root with a stepped middle axis,
+    offset outer and inner axes, two transposes and an integer index that
+    drops an axis; a (257, 1031) root transposed, with every row misaligned,
+    offset and stepped, transposed and stepped; a (100003,) root with a
+    misaligned head and with a step of 7.
+
+    Parameters
+    ----------
+    make : callable
+        ``make(shape) -> ndarray``: the host data of a root, e.g.
+        ``lambda shape: random_array(rng, shape, dtype)``. Called once per
+        root, in the order above.
+    to_device : callable, optional
+        Host array -> device array; default ``cudalab.asarray``.
+
+    Returns
+    -------
+    list of StridedView
+        ``(name, device, host)`` triples; each device view is a view of the
+        uploaded root, so it has the host view's strides.
+    """
+    to_device = cudalab.asarray if to_device is None else to_device
+    roots = {}
+    out = []
+    for shape, name, view in _ASSORTED_VIEWS:
+        if shape not in roots:
+            host = make(shape)
+            roots[shape] = (to_device(host), host)
+        device, host = roots[shape]
+        out.append(StridedView(name, view(device), view(host)))
+    return out
+
+
+# ===================================================== measurements on a named device
+
+
+def fake_gpu_measurement(label: str, median: float, **fields):
+    """fake_gpu_measurement(label, median, **fields) -> Measurement
+
+    `fake_measurement` with `median` given by position and the device named
+    "Fake GPU" unless `fields` names one: for results files and baselines,
+    which record the device and compare it.
+    """
+    fields.setdefault("device", "Fake GPU")
+    return fake_measurement(label, median=median, **fields)

@@ -15,16 +15,12 @@ import cudalab
 from cudalab.bench import CEILING_NAMES, Compare, Measurement, format_time
 from cudalab.bench.ceilings import Ceiling, Ceilings, resolve_ceiling
 from cudalab.bench.measurement import quartiles
-
-
-def _m(times, **kw) -> Measurement:
-    kw.setdefault("label", "op")
-    return Measurement(times=tuple(times), **kw)
+from _support import assert_arg_error, fake_measurement, no_gpu_only
 
 
 def test_statistics_match_numpy(rng):
     times = rng.uniform(1e-4, 2e-4, size=37)
-    m = _m(times, flops=1e9, bytes=4e6)
+    m = fake_measurement(times=times, flops=1e9, bytes=4e6)
     q1, q2, q3 = np.percentile(times, [25, 50, 75])
     assert m.median == pytest.approx(q2)
     assert m.iqr == pytest.approx(q3 - q1)
@@ -43,20 +39,21 @@ def test_quartiles_of_one_value_and_empty():
 
 
 def test_noisy_flag_and_warning():
-    steady = _m([1.0, 1.0, 1.01, 0.99, 1.0])
+    steady = fake_measurement(times=[1.0, 1.0, 1.01, 0.99, 1.0])
     assert not steady.noisy and steady.warning is None
-    noisy = _m([1.0, 2.0, 1.0, 2.0, 1.5, 3.0])
+    noisy = fake_measurement(times=[1.0, 2.0, 1.0, 2.0, 1.5, 3.0])
     assert noisy.noisy and "noisy" in noisy.warning
-    assert "only 1 repeat" in _m([1.0]).warning
+    assert "only 1 repeat" in fake_measurement(times=[1.0]).warning
 
 
 def test_percent_of_ceiling_uses_the_ceiling_unit():
-    m = _m([0.5] * 4, flops=100.0, bytes=10.0, ceiling_name="matmul_float16",
-           ceiling_value=400.0, ceiling_unit="FLOP/s")
+    m = fake_measurement(times=[0.5] * 4, flops=100.0, bytes=10.0, ceiling_name="matmul_float16",
+                         ceiling_value=400.0, ceiling_unit="FLOP/s")
     assert m.percent_of_ceiling == pytest.approx(50.0)
-    m = _m([0.5] * 4, bytes=10.0, ceiling_name="copy", ceiling_value=40.0, ceiling_unit="B/s")
+    m = fake_measurement(times=[0.5] * 4, bytes=10.0, ceiling_name="copy", ceiling_value=40.0,
+                         ceiling_unit="B/s")
     assert m.percent_of_ceiling == pytest.approx(50.0)
-    assert _m([0.5] * 4, bytes=10.0).percent_of_ceiling is None
+    assert fake_measurement(times=[0.5] * 4, bytes=10.0).percent_of_ceiling is None
 
 
 @pytest.mark.parametrize("times, message", [
@@ -70,11 +67,12 @@ def test_bad_times_are_rejected(times, message):
 
 
 def test_json_round_trip_keeps_everything(rng):
-    m = _m(rng.uniform(1, 2, 11), sub_label="4096", description="cudalab", number_per_run=7,
-           host_time=3e-6, launch_gap=1e-6, flops=5.0, bytes=6.0, ceiling_name="copy",
-           ceiling_value=1e12, ceiling_unit="B/s", device="GPU", device_index=0,
-           clocks={"sm_mhz": 1980, "memory_mhz": 2619}, flush_l2=True, held=True,
-           stop_reason="max_repeats", metadata={"shape": [3, 5]})
+    m = fake_measurement(times=rng.uniform(1, 2, 11), sub_label="4096", description="cudalab",
+                         number_per_run=7, host_time=3e-6, launch_gap=1e-6, flops=5.0, bytes=6.0,
+                         ceiling_name="copy", ceiling_value=1e12, ceiling_unit="B/s", device="GPU",
+                         device_index=0, clocks={"sm_mhz": 1980, "memory_mhz": 2619},
+                         flush_l2=True, held=True, stop_reason="max_repeats",
+                         metadata={"shape": [3, 5]})
     text = m.to_json()
     data = json.loads(text)
     assert data["derived"]["median"] == pytest.approx(m.median)
@@ -84,16 +82,16 @@ def test_json_round_trip_keeps_everything(rng):
 
 
 def test_from_dict_rejects_unknown_schema():
-    data = _m([1.0]).to_dict()
+    data = fake_measurement(times=[1.0]).to_dict()
     data["schema"] = "something/9"
     with pytest.raises(ValueError, match="unknown schema"):
         Measurement.from_dict(data)
 
 
 def test_merge_pools_times_per_key():
-    a1 = _m([1.0, 2.0], sub_label="a", host_time=1.0)
-    a2 = _m([3.0], sub_label="a", host_time=3.0)
-    b = _m([5.0], sub_label="b")
+    a1 = fake_measurement(times=[1.0, 2.0], sub_label="a", host_time=1.0)
+    a2 = fake_measurement(times=[3.0], sub_label="a", host_time=3.0)
+    b = fake_measurement(times=[5.0], sub_label="b")
     merged = Measurement.merge([a1, b, a2])
     assert [m.sub_label for m in merged] == ["a", "b"]
     assert merged[0].times == (1.0, 2.0, 3.0)
@@ -104,7 +102,8 @@ def test_merge_pools_times_per_key():
 
 def test_merge_refuses_different_work():
     with pytest.raises(ValueError, match="disagree on flops"):
-        Measurement.merge([_m([1.0], flops=1.0), _m([1.0], flops=2.0)])
+        Measurement.merge([fake_measurement(times=[1.0], flops=1.0),
+                           fake_measurement(times=[1.0], flops=2.0)])
 
 
 def test_format_time_units():
@@ -116,10 +115,13 @@ def test_format_time_units():
 
 def test_compare_layout_rows_columns_and_unit():
     ms = [
-        _m([1e-3] * 4, label="matmul", sub_label="1024", description="cudalab", device="GPU"),
-        _m([2e-3] * 4, label="matmul", sub_label="1024", description="torch", device="GPU"),
-        _m([8e-3] * 4, label="matmul", sub_label="2048", description="cudalab", device="GPU"),
-        _m([5e-6] * 4, label="add", sub_label="1M", description="cudalab"),
+        fake_measurement("matmul", times=[1e-3] * 4, sub_label="1024", description="cudalab",
+                         device="GPU"),
+        fake_measurement("matmul", times=[2e-3] * 4, sub_label="1024", description="torch",
+                         device="GPU"),
+        fake_measurement("matmul", times=[8e-3] * 4, sub_label="2048", description="cudalab",
+                         device="GPU"),
+        fake_measurement(times=[5e-6] * 4, label="add", sub_label="1M", description="cudalab"),
     ]
     text = str(Compare(ms))
     tables = text.split("\n\n")
@@ -134,15 +136,16 @@ def test_compare_layout_rows_columns_and_unit():
 
 
 def test_compare_merges_repeated_runs_and_marks_noise():
-    ms = [_m([1.0, 1.0], sub_label="x"), _m([3.0, 3.0], sub_label="x")]
+    ms = [fake_measurement(times=[1.0, 1.0], sub_label="x"),
+          fake_measurement(times=[3.0, 3.0], sub_label="x")]
     text = str(Compare(ms).highlight_warnings())
     assert "(!)" in text and "noisy" in text
     assert "2.00" in text  # the median of the pooled times
 
 
 def test_compare_rates_and_colour():
-    fast = _m([1e-3] * 4, sub_label="n", description="a", flops=2e9)
-    slow = _m([4e-3] * 4, sub_label="n", description="b", flops=2e9)
+    fast = fake_measurement(times=[1e-3] * 4, sub_label="n", description="a", flops=2e9)
+    slow = fake_measurement(times=[4e-3] * 4, sub_label="n", description="b", flops=2e9)
     text = str(Compare([fast, slow], value="tflops").colorize(rowwise=True))
     assert "\033[92m" in text and "\033[91m" in text
     assert "TFLOP/s" in text
@@ -170,15 +173,17 @@ def test_resolve_ceiling_validation_without_gpu():
         resolve_ceiling("launch", None, 1.0, check_only=True)
     with pytest.raises(TypeError, match="'ceiling'"):
         resolve_ceiling(3.0, None, 1.0, check_only=True)
-    c = Ceiling(name="copy", value=2e12, unit="B/s", theoretical=4e12, measurement=_m([1.0]))
+    c = Ceiling(name="copy", value=2e12, unit="B/s", theoretical=4e12,
+                measurement=fake_measurement(times=[1.0]))
     assert resolve_ceiling(c, None, 1.0) == ("copy", 2e12, "B/s")
 
 
 def test_ceilings_table_and_dict():
     entries = {
-        "copy": Ceiling("copy", 4.0e12, "B/s", 4.8e12, _m([1e-3] * 4)),
-        "launch": Ceiling("launch", 2.5e-6, "s", None, _m([2.5e-6] * 4)),
-        "matmul_float16": Ceiling("matmul_float16", 7.0e14, "FLOP/s", 1.0e15, _m([1e-3] * 4)),
+        "copy": Ceiling("copy", 4.0e12, "B/s", 4.8e12, fake_measurement(times=[1e-3] * 4)),
+        "launch": Ceiling("launch", 2.5e-6, "s", None, fake_measurement(times=[2.5e-6] * 4)),
+        "matmul_float16": Ceiling("matmul_float16", 7.0e14, "FLOP/s", 1.0e15,
+                                  fake_measurement(times=[1e-3] * 4)),
     }
     c = Ceilings(device="GPU", device_index=0, entries=entries)
     assert list(c) == ["copy", "launch", "matmul_float16"] and len(c) == 3
@@ -217,9 +222,8 @@ def test_measure_rejects_a_non_callable():
         cudalab.bench.measure(3)
 
 
+@no_gpu_only
 def test_measure_and_ceilings_without_gpu_raise_no_device():
-    if cudalab.is_available():
-        pytest.skip("a GPU is present")
     with pytest.raises(cudalab.NoDeviceError, match="measure()"):
         cudalab.bench.measure(lambda: None)
     with pytest.raises(cudalab.NoDeviceError, match="ceilings()"):
@@ -347,17 +351,16 @@ def test_timer_argument_errors(kwargs, exc, message):
 
 
 def test_measure_checks_preset_and_overrides_before_the_gpu():
-    with pytest.raises(ValueError, match="measure\\(\\) argument 'preset': unknown preset"):
+    with assert_arg_error(ValueError, "measure", "preset", match="^unknown preset"):
         cudalab.bench.measure(lambda: None, preset="fast")
-    with pytest.raises(ValueError, match="measure\\(\\) argument 'max_run_time'"):
+    with assert_arg_error(ValueError, "measure", "max_run_time"):
         cudalab.bench.measure(lambda: None, preset="quick", max_run_time=0.01)
     with pytest.raises(TypeError, match="'fn': expected a callable"):
         Timer().measure(None)
 
 
+@no_gpu_only
 def test_timer_without_gpu_raises_no_device():
-    if cudalab.is_available():
-        pytest.skip("a GPU is present")
     with pytest.raises(cudalab.NoDeviceError, match="Timer\\(\\): no CUDA device"):
         Timer("quick").measure(lambda: None)
 
@@ -408,9 +411,8 @@ def test_case_validation(make, exc, message):
         make()
 
 
+@no_gpu_only
 def test_cases_need_a_gpu_to_prepare():
-    if cudalab.is_available():
-        pytest.skip("a GPU is present")
     for case in (CopyCase(1 << 20), MatmulCase("float16", 64), TransferCase("h2d", nbytes=1 << 20)):
         with pytest.raises(cudalab.NoDeviceError):
             case.prepare()
@@ -478,6 +480,7 @@ def test_host_clock_warms_up_then_interleaves():
 
 
 def test_measurement_rates_text():
-    m = _m([0.5] * 4, flops=1e12, bytes=1e9, ceiling_name="copy", ceiling_value=4e9, ceiling_unit="B/s")
+    m = fake_measurement(times=[0.5] * 4, flops=1e12, bytes=1e9, ceiling_name="copy",
+                         ceiling_value=4e9, ceiling_unit="B/s")
     assert m.rates() == ["2 TFLOP/s", "2 GB/s", "50.0% of measured copy"]
-    assert _m([1.0]).rates() == []
+    assert fake_measurement(times=[1.0]).rates() == []

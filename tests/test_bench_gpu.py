@@ -11,6 +11,7 @@ import cudalab
 from cudalab import _core
 from cudalab.bench import (CopyCase, LaunchCase, MatmulCase, Measurement, Timer, TransferCase, ceiling,
                            measure)
+from _support import F32, random_array, rel_err, torch_cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +53,7 @@ def test_short_ops_are_batched_and_report_host_time_and_launch_gap():
 
 def test_measure_returns_rates_and_ceiling_percent(rng):
     n = 1537  # odd size
-    a = cudalab.asarray(rng.standard_normal((n, n)).astype(np.float32))
+    a = cudalab.asarray(random_array(rng, (n, n), F32))
     m = measure(cudalab.add, a, a, bytes=3 * a.nbytes, label="add")
     assert m.ceiling_name == "copy" and m.ceiling_unit == "B/s"
     assert 1 < m.percent_of_ceiling < 150
@@ -63,7 +64,7 @@ def test_measure_returns_rates_and_ceiling_percent(rng):
 
 
 def test_flush_l2_times_cold_single_calls(rng):
-    x = cudalab.asarray(rng.standard_normal(1 << 20).astype(np.float32))  # 4 MiB: fits L2
+    x = cudalab.asarray(random_array(rng, 1 << 20, F32))  # 4 MiB: fits L2
     warm = measure(cudalab.sum, x, min_run_time=0.05)
     cold = measure(cudalab.sum, x, flush_l2=True, min_run_time=0.05)
     assert cold.flush_l2 and cold.number_per_run == 1 and cold.launch_gap is None
@@ -72,7 +73,7 @@ def test_flush_l2_times_cold_single_calls(rng):
 
 def test_measure_on_a_stream_and_result_is_unchanged(rng):
     s = cudalab.Stream()
-    host = rng.standard_normal((301, 77)).astype(np.float32)
+    host = random_array(rng, (301, 77), F32)
     a = cudalab.asarray(host)
     m = measure(lambda: cudalab.mul(a, 2.0), stream=s, min_run_time=0.02)
     assert m.repeats >= 10
@@ -100,9 +101,7 @@ def test_ceilings_are_measured_once_and_plausible():
 
 
 def test_measure_times_torch_work_on_the_shared_default_stream():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+    torch = torch_cuda()
     x = torch.randn(4096, 4096, device="cuda")
     m = measure(lambda: torch.mm(x, x), flops=2 * 4096**3, min_run_time=0.05)
     # A 4096^3 fp32 GEMM takes well over a millisecond on any current GPU at
@@ -111,7 +110,7 @@ def test_measure_times_torch_work_on_the_shared_default_stream():
 
 
 def test_measure_leaves_memory_as_it_found_it(memory_baseline, rng):
-    x = cudalab.asarray(rng.standard_normal(100_003).astype(np.float32))
+    x = cudalab.asarray(random_array(rng, 100_003, F32))
     before = cudalab.memory_allocated()
     measure(cudalab.sum, x, flush_l2=True, min_run_time=0.02)
     import gc
@@ -131,7 +130,7 @@ def test_measurement_records_its_preset_and_hold():
 
 
 def test_measure_result_returns_the_first_call(rng):
-    host = rng.standard_normal(5003).astype(np.float32)
+    host = random_array(rng, 5003, F32)
     a = cudalab.asarray(host)
     calls = []
 
@@ -154,7 +153,7 @@ def test_cases_measure_what_they_say():
     a, b = (prepared.operands[k].get().astype(np.float64) for k in ("a", "b"))
     expected = a @ b
     got = prepared.operands["out"].get()
-    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-5  # "highest": true fp32
+    assert rel_err(got, expected) < 1e-5  # "highest": true fp32
     assert mm.flops == 2.0 * n ** 3 and mm.metadata["precision"] == "highest"
     for memory in ("pinned", "pageable"):
         d2h = TransferCase("d2h", memory, 8 << 20).prepare()
@@ -167,9 +166,7 @@ def test_cases_measure_what_they_say():
 
 
 def test_cases_torch_twins_share_the_data():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+    torch = torch_cuda()
     prepared = MatmulCase("tf32", 512).prepare()
     twin = prepared.torch_twin(torch)
     before = torch.backends.cuda.matmul.allow_tf32

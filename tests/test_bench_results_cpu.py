@@ -16,13 +16,7 @@ import pytest
 import cudalab
 from cudalab.bench import Measurement
 from cudalab.bench import results as R
-
-
-def fake(label: str, median: float, **fields) -> Measurement:
-    """A Measurement whose median is exactly `median` (five spread times)."""
-    times = [median * f for f in (0.97, 0.99, 1.0, 1.01, 1.03)]
-    fields.setdefault("device", "Fake GPU")
-    return Measurement(label=label, times=times, **fields)
+from _support import fake_gpu_measurement as fake
 
 
 MACHINE = {"hostname": "h"}

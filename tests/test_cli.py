@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import cudalab
 from cudalab import cli
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cudalab", *args], capture_output=True,
-                          text=True, timeout=120)
+from _support import no_gpu_only, run_cli
 
 
 def test_help_lists_check():
@@ -55,7 +49,7 @@ def test_unknown_command_is_an_error():
     assert "invalid choice" in result.stderr
 
 
-@pytest.mark.skipif(cudalab.is_available(), reason="checks behaviour without a GPU")
+@no_gpu_only
 def test_check_without_gpu_exits_1_with_a_clear_message(tmp_path):
     out = tmp_path / "report.json"
     result = run_cli("check", "--json", str(out))

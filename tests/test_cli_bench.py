@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,14 +13,9 @@ from cudalab import cli
 from cudalab._progress import ProgressBar
 from cudalab._table import format_table
 from cudalab.bench import CEILING_NAMES, MATMUL_DTYPES, PRESETS, read_results
+from _support import no_gpu_only, run_cli
 
 COMMANDS = [("bench",), ("bench", "matmul"), ("bench", "copy"), ("bench", "transfer"), ("ceilings",)]
-no_gpu_only = pytest.mark.skipif(cudalab.is_available(), reason="checks behaviour without a GPU")
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cudalab", *args], capture_output=True,
-                          text=True, timeout=600)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -20,8 +20,7 @@ import pytest
 import cudalab
 from cudalab import _nvml, cli, monitor
 from cudalab.monitor import FIELDS, GpuMonitor, GpuSample, NvmlError, NvmlUnavailableError
-
-HAS_GPU = cudalab.is_available()
+from _support import assert_arg_error, no_gpu_only
 
 
 # ---- a fake pynvml -------------------------------------------------------------
@@ -315,16 +314,15 @@ def test_sample_fields():
 
 @pytest.mark.parametrize("bad", ["100", None, True, [100], 1j])
 def test_interval_type(no_pynvml, bad):
-    with pytest.raises(TypeError,
-                       match=r"^GpuMonitor\(\) argument 'interval_ms': must be a number"):
+    with assert_arg_error(TypeError, "GpuMonitor", "interval_ms", match="^must be a number"):
         GpuMonitor(interval_ms=bad)
 
 
 @pytest.mark.parametrize("bad", [0, -5, 0.5, math.nan, math.inf, 3_600_001])
 def test_interval_value(no_pynvml, bad):
     # Checked before NVML: the missing package does not hide the bad argument.
-    with pytest.raises(ValueError, match=r"^GpuMonitor\(\) argument 'interval_ms': must be "
-                                         r"between 1 and 3600000 ms"):
+    with assert_arg_error(ValueError, "GpuMonitor", "interval_ms",
+                          match="^must be between 1 and 3600000 ms"):
         GpuMonitor(interval_ms=bad)
 
 
@@ -336,19 +334,19 @@ def test_interval_accepts_numpy_numbers(fake_nvml):
 
 @pytest.mark.parametrize("bad", ["0", 1.0, True])
 def test_device_type(no_pynvml, bad):
-    with pytest.raises(TypeError, match=r"^GpuMonitor\(\) argument 'device': must be an int"):
+    with assert_arg_error(TypeError, "GpuMonitor", "device", match="^must be an int"):
         GpuMonitor(device=bad)
 
 
 def test_device_negative(no_pynvml):
-    with pytest.raises(ValueError, match=r"^GpuMonitor\(\) argument 'device': must be a "
-                                         r"non-negative device index, got -1"):
+    with assert_arg_error(ValueError, "GpuMonitor", "device",
+                          match="^must be a non-negative device index, got -1"):
         GpuMonitor(device=-1)
 
 
 def test_device_out_of_range(fake_nvml):
-    with pytest.raises(ValueError, match=r"^GpuMonitor\(\) argument 'device': device 2 does "
-                                         r"not exist \(2 devices visible\)"):
+    with assert_arg_error(ValueError, "GpuMonitor", "device",
+                          match=r"^device 2 does not exist \(2 devices visible\)"):
         GpuMonitor(device=2)
 
 
@@ -362,7 +360,7 @@ def test_missing_package_at_construction(no_pynvml):
         GpuMonitor()
 
 
-@pytest.mark.skipif(HAS_GPU, reason="checks NoDeviceError without a GPU")
+@no_gpu_only
 def test_no_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     with pytest.raises(cudalab.NoDeviceError, match=r"^GpuMonitor\(\): no CUDA device"):
@@ -537,10 +535,9 @@ def test_plot_without_matplotlib(fake_nvml, monkeypatch):
 
 def test_plot_fields_are_checked(fake_nvml):
     mon = GpuMonitor()
-    with pytest.raises(ValueError, match=r"^GpuMonitor.plot\(\) argument 'fields': unknown "
-                                         r"field 'watts'"):
+    with assert_arg_error(ValueError, "GpuMonitor.plot", "fields", match="^unknown field 'watts'"):
         mon.plot(fields=["power_w", "watts"])
-    with pytest.raises(ValueError, match="at least one field"):
+    with assert_arg_error(ValueError, "GpuMonitor.plot", "fields", match="at least one field"):
         mon.plot(fields=[])
 
 
@@ -572,7 +569,8 @@ def test_plot(fake_nvml):
     try:
         assert mon.plot(ax=axes, fields=("temperature_c", "memory_used_bytes")) is figure
         assert [ax.get_ylabel() for ax in axes] == ["temperature_c", "memory_used_bytes"]
-        with pytest.raises(ValueError, match=r"argument 'ax': got 2 Axes for 1 fields"):
+        with assert_arg_error(ValueError, "GpuMonitor.plot", "ax",
+                              match="^got 2 Axes for 1 fields"):
             mon.plot(ax=axes, fields="temperature_c")
     finally:
         plt.close(figure)

@@ -6,7 +6,6 @@ import csv
 import io
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import cudalab
 from cudalab import _nvml
 from cudalab.monitor import FIELDS, GpuMonitor
+from _support import F32, assert_arg_error, random_array, readme_python_blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -26,8 +26,8 @@ def _needs_pynvml():
 def busy_gpu(seconds: float, rng: np.random.Generator) -> None:
     """Run float32 matmuls back to back for about `seconds`, then synchronize."""
     n = 4096
-    a = cudalab.asarray(rng.standard_normal((n, n), dtype=np.float32))
-    b = cudalab.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    a = cudalab.asarray(random_array(rng, (n, n), F32))
+    b = cudalab.asarray(random_array(rng, (n, n), F32))
     c = cudalab.empty((n, n), dtype=np.float32)
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -86,14 +86,12 @@ def test_monitor_device_argument():
     with GpuMonitor(interval_ms=3_600_000, device=last) as mon:
         pass
     assert mon.device == last and len(mon.samples) == 2
-    with pytest.raises(ValueError, match="does not exist"):
+    with assert_arg_error(ValueError, "GpuMonitor", "device", match="does not exist"):
         GpuMonitor(device=last + 1)
 
 
 def test_readme_monitor_example_runs(monkeypatch, tmp_path, capsys):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-              if "GpuMonitor" in b]
+    blocks = [b for b in readme_python_blocks() if "GpuMonitor" in b]
     assert len(blocks) == 1
     monkeypatch.chdir(tmp_path)  # it writes gpu.csv
     exec(compile(blocks[0], "README.md", "exec"), {"__name__": "__readme__"})

@@ -9,7 +9,6 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,23 +16,12 @@ import pytest
 import cudalab as cl
 from cudalab import _core
 from cudalab.profiler import profile, record_function
+from _support import F32, README, gelu_reference, random_array, rel_err, run_in_threads
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_profile_left_running")]
 
 # CUDA events resolve about 0.5 us; comparisons of GPU timestamps allow this.
 EVENT_SLACK_NS = 1_000
-
-
-@pytest.fixture(autouse=True)
-def no_profile_left_running():
-    yield
-    if _core._profiler_is_enabled():
-        _core._profiler_disable()
-
-
-def rel_err(out, ref):
-    ref = np.asarray(ref, dtype=np.float64)
-    return np.linalg.norm(np.asarray(out, dtype=np.float64) - ref) / np.linalg.norm(ref)
 
 
 def ops_only(prof):
@@ -113,7 +101,7 @@ def test_three_op_script_matches_event_timed_total():
 
 
 def test_chrome_trace_parses_and_has_gpu_tracks(tmp_path, rng):
-    x = cl.asarray(rng.standard_normal((333, 517), dtype=np.float32))
+    x = cl.asarray(random_array(rng, (333, 517), F32))
     with profile() as prof:
         with record_function("block"):
             y = cl.exp(x) * 2.0
@@ -152,7 +140,7 @@ def test_chrome_trace_parses_and_has_gpu_tracks(tmp_path, rng):
 
 
 def test_record_function_range_contains_its_ops(rng):
-    x = cl.asarray(rng.standard_normal(100_003, dtype=np.float32))
+    x = cl.asarray(random_array(rng, 100_003, F32))
     with profile() as prof:
         y = x + 1.0
         with record_function("inner block"):
@@ -183,7 +171,7 @@ def test_record_function_range_contains_its_ops(rng):
 
 
 def test_ops_on_a_side_stream_carry_that_stream(rng):
-    x_h = rng.standard_normal((257, 129), dtype=np.float32)
+    x_h = random_array(rng, (257, 129), F32)
     x = cl.asarray(x_h)
     s = cl.Stream()
     s.wait_stream(cl.current_stream())
@@ -217,7 +205,7 @@ def _trace(prof):
 
 
 def test_profiling_during_graph_capture_keeps_the_graph_working(rng):
-    x_h = rng.standard_normal(4099, dtype=np.float32)
+    x_h = random_array(rng, 4099, F32)
     x = cl.asarray(x_h)
     g = cl.CUDAGraph()
     with profile() as prof:
@@ -245,7 +233,7 @@ def test_profiling_during_graph_capture_keeps_the_graph_working(rng):
 
 
 def test_profile_started_inside_a_capture(rng):
-    x_h = rng.standard_normal(1000, dtype=np.float32)
+    x_h = random_array(rng, 1000, F32)
     x = cl.asarray(x_h)
     g = cl.CUDAGraph()
     with cl.graph(g):
@@ -261,7 +249,7 @@ def test_profile_started_inside_a_capture(rng):
 
 
 def test_nothing_recorded_after_the_profile_ends(rng):
-    x = cl.asarray(rng.standard_normal(1000, dtype=np.float32))
+    x = cl.asarray(random_array(rng, 1000, F32))
     with profile() as prof:
         y = x + x
     assert not _core._profiler_is_enabled()
@@ -277,7 +265,7 @@ def test_nothing_recorded_after_the_profile_ends(rng):
 
 
 def test_copies_fills_and_transfers_are_recorded(rng):
-    x_h = rng.standard_normal((65, 33), dtype=np.float32)
+    x_h = random_array(rng, (65, 33), F32)
     with profile() as prof:
         x = cl.asarray(x_h)
         h = x.astype(np.float16)
@@ -319,7 +307,7 @@ def test_failed_op_is_not_recorded(memory_baseline):
 
 
 def test_threads_are_told_apart(rng):
-    x = cl.asarray(rng.standard_normal(5000, dtype=np.float32))
+    x = cl.asarray(random_array(rng, 5000, F32))
     ids = {}
 
     def work(tag):
@@ -327,17 +315,13 @@ def test_threads_are_told_apart(rng):
         cl.neg(x).get()
 
     with profile() as prof:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_in_threads(work, 2)
     negs = [e for e in prof.events() if e.name == "neg"]
     assert sorted(e.thread_id for e in negs) == sorted(ids.values())
 
 
 def test_nvtx_ranges_without_a_tool_change_nothing(rng):
-    x_h = rng.standard_normal(777, dtype=np.float32)
+    x_h = random_array(rng, 777, F32)
     x = cl.asarray(x_h)
     before = _core._nvtx_set_enabled(True)
     try:
@@ -348,10 +332,7 @@ def test_nvtx_ranges_without_a_tool_change_nothing(rng):
     finally:
         _core._nvtx_set_enabled(before)
     assert [e.name for e in prof.events()] == ["sigmoid"]
-    import math
-
-    ref = np.array([1 / (1 + math.exp(-(0.5 * v * (1 + math.erf(v / math.sqrt(2))) + 1.0)))
-                    for v in x_h.astype(np.float64)])
+    ref = 1 / (1 + np.exp(-(gelu_reference(x_h) + 1.0)))
     np.testing.assert_allclose(z.get(), ref, rtol=1e-5)
 
 
@@ -359,7 +340,7 @@ def test_nvtx_ranges_without_a_tool_change_nothing(rng):
 
 
 def test_readme_profiling_example_runs(tmp_path, monkeypatch, capsys):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = README.read_text()
     section = readme.split("## Profiling", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
     monkeypatch.chdir(tmp_path)

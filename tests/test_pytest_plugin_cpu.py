@@ -30,7 +30,8 @@ from cudalab import pytest_plugin
 from cudalab.bench import Measurement
 from cudalab.bench import baseline as B
 from cudalab.bench import results as R
-from _support import readme_plugin_example
+from _support import REPO_ROOT, readme_plugin_example
+from _support import fake_gpu_measurement as fake
 
 pytest_plugins = ["pytester"]
 
@@ -38,13 +39,6 @@ PLUGIN = ("-p", "cudalab")
 GPU_MARKER_LINE = (
     "@pytest.mark.gpu: needs a CUDA device (skipped without one; CUDALAB_REQUIRE_GPU=1 makes the skip a failure)"
 )
-
-
-def fake(label: str, median: float, **fields) -> Measurement:
-    """A Measurement whose median is exactly `median` (five spread times)."""
-    times = [median * f for f in (0.97, 0.99, 1.0, 1.01, 1.03)]
-    fields.setdefault("device", "Fake GPU")
-    return Measurement(label=label, times=times, **fields)
 
 
 # ---- thresholds ------------------------------------------------------------------------
@@ -609,17 +603,14 @@ def test_readme_plugin_example_skips_without_gpu(pytester, no_gpu):
 
 def test_project_suite_loads_the_plugin_without_autoload(monkeypatch):
     # tests/conftest.py registers the plugin itself when the entry point was not loaded.
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--strict-markers", "--markers"],
-        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert GPU_MARKER_LINE in done.stdout
     assert "--gpu-benchmark-json" in subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"],
-        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
     ).stdout

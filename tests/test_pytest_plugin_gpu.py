@@ -18,7 +18,7 @@ import pytest
 import cudalab as cl
 from cudalab.bench import Measurement
 from cudalab.bench import results as R
-from _support import readme_plugin_example
+from _support import F32, random_array, readme_plugin_example
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.gpu
@@ -27,7 +27,7 @@ PLUGIN = ("-p", "cudalab")
 
 
 def test_fixture_returns_the_first_result_and_records(gpu_benchmark, request, rng):
-    x = rng.standard_normal(100_003).astype(np.float32)
+    x = random_array(rng, 100_003, F32)
     dx = cl.asarray(x)
     calls = []
 
@@ -47,7 +47,7 @@ def test_fixture_returns_the_first_result_and_records(gpu_benchmark, request, rn
 
 
 def test_fixture_takes_a_preset(gpu_benchmark, rng):
-    x = cl.asarray(rng.standard_normal(10_007).astype(np.float32))
+    x = cl.asarray(random_array(rng, 10_007, F32))
     gpu_benchmark(cl.neg, x, preset="quick", ceiling=None)
     gpu_benchmark(cl.abs, x, preset="quick", warmup=0.0, description="abs", ceiling=None)
     first, second = gpu_benchmark.measurements
@@ -56,7 +56,7 @@ def test_fixture_takes_a_preset(gpu_benchmark, rng):
 
 
 def test_fixture_passes_names_through(gpu_benchmark, rng):
-    x = cl.asarray(rng.standard_normal(4099).astype(np.float32))
+    x = cl.asarray(random_array(rng, 4099, F32))
     gpu_benchmark(cl.neg, x, label="neg", sub_label="float32", description="4099",
                   min_run_time=0.02, ceiling=None)
     gpu_benchmark(cl.abs, x, label="neg", sub_label="float32", description="abs",

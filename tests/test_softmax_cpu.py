@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cudalab
-from _support import arg_error
+from _support import arg_error, no_gpu_only
 
 FUNCS = ["softmax", "log_softmax"]
 
@@ -83,7 +83,7 @@ def test_signature_errors(func):
         f(np.ones(3), 0, axis=0)
 
 
-@pytest.mark.skipif(cudalab.is_available(), reason="checks the behaviour without a GPU")
+@no_gpu_only
 @pytest.mark.parametrize("func", FUNCS)
 def test_positional_arguments_reach_the_array_check(func):
     with pytest.raises(TypeError, match=arg_error(func, "a")):

@@ -16,29 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cudalab
-from _support import BF16, DTYPE_IDS, DTYPES
+from _support import (BF16, DTYPE_IDS, DTYPES, F16, F32, F64, I8, I64, U8, arg_error,
+                      assert_bit_equal, dtype_id, random_array)
 
 pytestmark = pytest.mark.gpu
 
 METHODS = ["naive", "coalesced_write", "tiled", "tiled_padded", "best"]
-
-
-def random_array(rng, shape, dtype) -> np.ndarray:
-    """Random data, distinct-looking values (never all zeros)."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -(2**40)), min(info.max, 2**40), size=shape,
-                            endpoint=True).astype(dtype)
-    return rng.standard_normal(size=shape).astype(dtype)
-
-
-def assert_bit_equal(got: np.ndarray, expected: np.ndarray) -> None:
-    assert got.dtype == expected.dtype
-    assert got.shape == expected.shape
-    assert got.tobytes(order="C") == np.ascontiguousarray(expected).tobytes(order="C")
 
 
 def check(d, h, method="best"):
@@ -50,7 +33,7 @@ def check(d, h, method="best"):
     assert out.base is None
     if out.size:
         assert out.data_ptr != d.data_ptr
-    assert_bit_equal(out.get(), h.T)
+    assert_bit_equal(out, h.T)
     return out
 
 
@@ -80,8 +63,7 @@ def test_transpose_default_method_is_best(rng):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64), BF16,
-                                   np.dtype(np.int8)], ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", [F32, F64, BF16, I8], ids=dtype_id)
 def test_transpose_of_views(rng, dtype, method):
     """Non-contiguous inputs are read through their strides (DeviceArray
     slicing only makes non-negative steps; the kernels take any sign)."""
@@ -136,21 +118,17 @@ def test_transpose_special_floats_survive():
 # ------------------------------------------------ argument errors -----------
 
 
-def arg_error(param: str) -> str:
-    return rf"transpose\(\) argument '{re.escape(param)}'"
-
-
 @pytest.mark.parametrize("shape", [(), (5,), (2, 3, 4), (1, 1, 1, 1)])
 def test_transpose_rejects_non_2d(shape):
     d = cudalab.zeros(shape, dtype=np.float32)
-    with pytest.raises(ValueError, match=arg_error("a") + ".*2-D"):
+    with pytest.raises(ValueError, match=arg_error("transpose", "a") + ".*2-D"):
         cudalab.transpose(d)
 
 
 @pytest.mark.parametrize("method", ["fast", "Best", "", "v5", "coalesced_read"])
 def test_transpose_rejects_unknown_method(method):
     d = cudalab.zeros((2, 3), dtype=np.float32)
-    with pytest.raises(ValueError, match=arg_error("method") + ".*" + re.escape(
+    with pytest.raises(ValueError, match=arg_error("transpose", "method") + ".*" + re.escape(
             "'naive', 'coalesced_write', 'tiled', 'tiled_padded', 'best'")):
         cudalab.transpose(d, method=method)
 
@@ -158,7 +136,7 @@ def test_transpose_rejects_unknown_method(method):
 @pytest.mark.parametrize("method", [None, 1, b"best"])
 def test_transpose_rejects_non_str_method(method):
     d = cudalab.zeros((2, 3), dtype=np.float32)
-    with pytest.raises(TypeError, match=arg_error("method")):
+    with pytest.raises(TypeError, match=arg_error("transpose", "method")):
         cudalab.transpose(d, method=method)
 
 
@@ -223,8 +201,7 @@ def test_astype_of_transposed_view_still_converts(rng):
     cstep=st.sampled_from([1, 2, 5]),
     transposed=st.booleans(),
     method=st.sampled_from(METHODS),
-    dtype=st.sampled_from([np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.float16),
-                           np.dtype(np.uint8)]),
+    dtype=st.sampled_from([F32, I64, F16, U8]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_transpose_hypothesis(rows, cols, r0, c0, rstep, cstep, transposed, method, dtype, seed):
