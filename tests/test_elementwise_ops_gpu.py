@@ -169,9 +169,9 @@ def test_clamp_errors_on_device(rng):
     a = cl.asarray(rand(rng, (4, 5), F32))
     with pytest.raises(ValueError, match=arg_error("clamp", "hi") + "operands could not be"):
         cl.clamp(a, 0.0, cl.asarray(rand(rng, (3,), F32)))
-    with pytest.raises(TypeError, match=arg_error("clamp", "out") + ": has dtype int32"):
+    with pytest.raises(TypeError, match=arg_error("clamp", "out") + "has dtype int32"):
         cl.clamp(a, 0.0, 1.0, out=cl.empty((4, 5), np.int32))
-    with pytest.raises(ValueError, match=arg_error("clamp", "out") + r": has shape \(5,\)"):
+    with pytest.raises(ValueError, match=arg_error("clamp", "out") + r"has shape \(5,\)"):
         cl.clamp(a, 0.0, 1.0, out=cl.empty((5,), np.float32))
 
 
@@ -238,7 +238,7 @@ def test_pow_views_broadcasting_and_out(rng, dtype):
         da = cl.abs(da)
         if is_float(dtype):
             da = cl.add(da, 0.1)
-        e = (rng.integers(0, 4, size=(19,))).astype(dtype)
+        e = (rng.integers(0, 4, size=(38,))).astype(dtype)
         de = cl.asarray(e)[1::2]
         he = e[1::2]
         with np.errstate(all="ignore"):
@@ -333,7 +333,7 @@ def test_where_errors_on_device(rng):
     c = cl.asarray(rand(rng, (4, 5), B))
     with pytest.raises(ValueError, match=arg_error("where", "b") + "operands could not be"):
         cl.where(c, 1.0, cl.asarray(rand(rng, (3,), F32)))
-    with pytest.raises(TypeError, match=arg_error("where", "a") + ": host arrays"):
+    with pytest.raises(TypeError, match=arg_error("where", "a") + "host arrays"):
         cl.where(c, np.ones((4, 5)), 1.0)
-    with pytest.raises(TypeError, match=arg_error("where", "out") + ": has dtype int8 but the"):
+    with pytest.raises(TypeError, match=arg_error("where", "out") + "has dtype int8 but the"):
         cl.where(c, 1, 2.0, out=cl.empty((4, 5), np.int8))
