@@ -87,6 +87,7 @@ from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
 from .streams import graph, stream
 # Measurement (issue 5): the timing harness and measured ceilings.
 from . import bench
+from . import lessons
 # GPU monitoring through NVML (optional nvidia-ml-py): cudalab.monitor.GpuMonitor.
 from . import monitor
 # Op profiler (Measurement): cudalab.profiler.profile(), record_function.
@@ -162,6 +163,6 @@ __all__ += [  # streams, events, CUDA graphs
     "stream",
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
-__all__ += ["bench"]  # measurement
+__all__ += ["bench", "lessons"]  # measurement, the lessons
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
 __all__ += ["profiler"]  # op profiler
