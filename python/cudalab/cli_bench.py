@@ -67,7 +67,7 @@ def _check_device(args: argparse.Namespace, command: str) -> int | None:
 
 def _write_json(args: argparse.Namespace, command: str, rows: Sequence[Measurement | Row]) -> None:
     if args.json:
-        write_results(args.json, command, rows, command=" ".join(["cudalab", *sys.argv[1:]]))
+        write_results(args.json, command, rows, command=" ".join(["cudalab", *args.argv]))
 
 
 def _note(measurements: list[Measurement]) -> None:
