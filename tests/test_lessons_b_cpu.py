@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudalab import lessons
-from cudalab.lessons import _common_b, batching, inplace
+from cudalab.lessons import _common_b, access_patterns, batching, inplace
 
 
 # ---- shared helpers -----------------------------------------------------------------
@@ -112,3 +112,45 @@ def test_inplace_pool_use_counts_peak_and_allocations():
     peak, allocs = inplace._pool_use(fn, lambda: state["allocated"], lambda: state["peak"],
                                      reset, lambda: state["count"], lambda: None)
     assert (peak, allocs) == (60, 3)
+
+
+# ---- 7 access_patterns --------------------------------------------------------------
+
+
+def test_break_even_uses():
+    # copy 10, strided 3 per use, contiguous 1 per use: 10 + n < 3n from n = 6.
+    assert _common_b.break_even_uses(10.0, 3.0, 1.0) == 6
+    assert _common_b.break_even_uses(0.5, 3.0, 1.0) == 1
+    assert _common_b.break_even_uses(10.0, 1.0, 1.0) is None
+    assert _common_b.break_even_uses(10.0, 1.0, 2.0) is None
+    n = _common_b.break_even_uses(7.3, 2.2, 0.9)
+    assert 7.3 + n * 0.9 < n * 2.2 and not 7.3 + (n - 1) * 0.9 < (n - 1) * 2.2
+
+
+def test_access_patterns_is_registered_with_its_params():
+    x = lessons.get("access_patterns")
+    assert x.number == 7 and x.plot is not None
+    assert set(x.params) == {"size", "steps"}
+    assert set(access_patterns.TRANSPOSE_METHODS) == {
+        "naive", "coalesced_write", "tiled", "tiled_padded", "best"}
+
+
+def test_access_patterns_fix_finding_counts_the_copy():
+    # The tutorial's case: the view sum is fast, copy + sum is slower.
+    text = access_patterns.fix_finding(view_s=0.27e-3, fix_s=1.32e-3, copy_s=1.0e-3,
+                                       contiguous_s=0.32e-3)
+    assert "4.89x slower once the copy is counted" in text
+    assert "never pays off" in text
+    # A slow strided op: the copy pays for itself even on one use.
+    text = access_patterns.fix_finding(view_s=3e-3, fix_s=1.5e-3, copy_s=1e-3,
+                                       contiguous_s=0.5e-3)
+    assert "2.00x faster even counting the copy" in text and "used 1 times" in text
+    text = access_patterns.fix_finding(view_s=1.0e-3, fix_s=1.05e-3, copy_s=0.8e-3,
+                                       contiguous_s=0.25e-3)
+    assert "about the same" in text and "used 2 times" in text
+
+
+def test_access_patterns_stride_finding():
+    text = access_patterns.stride_finding([1, 8, 32], [3000.0, 700.0, 200.0])
+    assert "15.0x less" in text and "x[:, ::32]" in text
+    assert "keep their useful bandwidth" in access_patterns.stride_finding([1, 4], [3000, 2500])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -51,3 +52,15 @@ def random_array(seed: int, shape: tuple[int, ...], dtype: str = "float32") -> n
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, inf when the denominator is not positive."""
     return numerator / denominator if denominator > 0 else float("inf")
+
+
+def break_even_uses(fixed_s: float, slow_s: float, fast_s: float) -> int | None:
+    """Uses after which paying `fixed_s` once to run at `fast_s` beats `slow_s` per use.
+
+    The smallest n >= 1 with fixed + n * fast < n * slow; None when the fast path
+    is not faster per use (it never pays off).
+    """
+    saving = slow_s - fast_s
+    if saving <= 0:
+        return None
+    return max(1, math.floor(fixed_s / saving) + 1)
