@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudalab import lessons
-from cudalab.lessons import _common_b, access_patterns, batching, inplace
+from cudalab.lessons import _common_b, access_patterns, batching, graphs, inplace
 
 
 # ---- shared helpers -----------------------------------------------------------------
@@ -154,3 +154,53 @@ def test_access_patterns_stride_finding():
     text = access_patterns.stride_finding([1, 8, 32], [3000.0, 700.0, 200.0])
     assert "15.0x less" in text and "x[:, ::32]" in text
     assert "keep their useful bandwidth" in access_patterns.stride_finding([1, 4], [3000, 2500])
+
+
+# ---- 14 graphs ----------------------------------------------------------------------
+
+
+def test_graphs_is_registered_with_its_params():
+    x = lessons.get("graphs")
+    assert x.number == 14 and x.plot is not None
+    assert set(x.params) == {"ks", "elements", "captures"}
+    assert tuple(x.params["ks"]) == (1, 4, 16, 64, 256)
+    assert len(x.quick_params["ks"]) < len(x.params["ks"])
+
+
+def test_graphs_one_use_break_even_k():
+    ks = (1, 16, 256)
+    # Capture + one replay costs more than eager at every K: a graph used once never wins.
+    assert graphs.one_use_break_even_k(ks, [60e-6, 150e-6, 1.5e-3], [5e-6, 80e-6, 1.3e-3]) is None
+    # It wins from K=256 on.
+    assert graphs.one_use_break_even_k(ks, [60e-6, 150e-6, 1.0e-3], [5e-6, 80e-6, 1.3e-3]) == 256
+
+
+def test_graphs_break_even_replays_from_costs():
+    # Capture 100 us, eager 64 ops x 5 us = 320 us, replay 64 x 1 us = 64 us: saving 256 us
+    # per use, so the first replay already pays.
+    assert _common_b.break_even_uses(100e-6, 320e-6, 64e-6) == 1
+    # Capture 1 ms, saving 4 us per use: 251 replays.
+    assert _common_b.break_even_uses(1e-3, 9e-6, 5e-6) == 251
+    text = graphs.break_even_text((1, 64), (None, 3))
+    assert text.endswith("K=1: never, K=64: 3")
+
+
+def test_graphs_numpy_chain_matches_the_op_sequence():
+    x = np.array([2.0, -1.0], dtype=np.float32)
+    # K=4: y = x*0.5; y += x; y *= 0.75; y -= 0.125
+    want = ((x * 0.5 + x) * 0.75) - 0.125
+    np.testing.assert_allclose(graphs._numpy_chain(x, 4), want)
+    np.testing.assert_allclose(graphs._numpy_chain(x, 1), x * 0.5)
+
+
+def test_graphs_chain_issues_k_ops():
+    calls = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            return lambda *args, out=None: calls.append(name)
+
+    for k in (1, 2, 7, 64):
+        calls.clear()
+        graphs._chain_ops(Recorder(), "x", "y", k)
+        assert len(calls) == k and calls[0] == "mul"
