@@ -48,6 +48,8 @@ def test_batching_finding_names_the_winner():
     assert "about the same" in text and "changes little" in text
     text = batching.compare_methods(512, loop_s=10e-6, batched_s=30e-6, graph_s=10e-6)
     assert "the loop is 3.0x faster" in text
+    text = batching.compare_methods(64, loop_s=10e-6, batched_s=5e-6, graph_s=40e-6)
+    assert "graph-replayed loop is 4.0x slower" in text
 
 
 def test_batching_launch_overhead_never_negative():
@@ -181,6 +183,8 @@ def test_graphs_break_even_replays_from_costs():
     assert _common_b.break_even_uses(100e-6, 320e-6, 64e-6) == 1
     # Capture 1 ms, saving 4 us per use: 251 replays.
     assert _common_b.break_even_uses(1e-3, 9e-6, 5e-6) == 251
+    assert graphs.per_op_change(5.0) == "5.0x less"
+    assert graphs.per_op_change(0.5) == "2.0x more"
     text = graphs.break_even_text((1, 64), (None, 3))
     assert text.endswith("K=1: never, K=64: 3")
 
@@ -204,3 +208,135 @@ def test_graphs_chain_issues_k_ops():
         calls.clear()
         graphs._chain_ops(Recorder(), "x", "y", k)
         assert len(calls) == k and calls[0] == "mul"
+
+
+# ---- every lesson's run() end to end on a NumPy stand-in ------------------------------
+# The GPU tier runs the real thing; this catches flow errors (names, row keys, findings
+# resting on recorded labels, checks, the plot) without a GPU.
+
+
+class _HostArray(np.ndarray):
+    """A NumPy array with DeviceArray's get()."""
+
+    def get(self):
+        return np.array(self)
+
+
+def _fake_cudalab():
+    import types
+
+    count = {"allocs": 0}
+
+    def new(a):
+        count["allocs"] += 1
+        return np.asarray(a).view(_HostArray)
+
+    def ufunc(f):
+        return lambda a, b, out=None: f(a, b, out=out) if out is not None else new(f(a, b))
+
+    class Graph:
+        def replay(self):
+            pass  # the work ran eagerly during "capture"
+
+    class GraphContext:
+        def __init__(self, g):
+            self.g = g
+
+        def __enter__(self):
+            return self.g
+
+        def __exit__(self, *exc):
+            return False
+
+    def relu(a, out=None):
+        return np.maximum(a, np.float32(0), out=out) if out is not None else new(np.maximum(a, 0))
+
+    fake = types.SimpleNamespace(
+        asarray=lambda a: new(np.array(a)),
+        empty=lambda shape, dtype="float32": new(np.empty(shape, dtype)),
+        empty_like=lambda a: new(np.empty_like(a)),
+        ascontiguousarray=lambda a: new(np.ascontiguousarray(a)),
+        transpose=lambda a, method="best": new(np.ascontiguousarray(a.T)),
+        matmul=lambda a, b, out=None, precision=None: (
+            np.matmul(a, b, out=out) if out is not None else new(np.matmul(a, b))),
+        sum=lambda a, axis=None: new(np.sum(a, axis=axis)),
+        mul=ufunc(np.multiply), add=ufunc(np.add), sub=ufunc(np.subtract), relu=relu,
+        synchronize=lambda: None, CUDAGraph=Graph, graph=GraphContext,
+        memory_allocated=lambda: 0, max_memory_allocated=lambda: 4 * count["allocs"],
+        reset_peak_memory_stats=lambda: None,
+        memory_stats=lambda: {"allocation.all.allocated": count["allocs"]},
+    )
+    return fake
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    import types
+
+    from cudalab.lessons import registry
+    from _support import fake_measurement
+
+    fake = _fake_cudalab()
+    rng = np.random.default_rng(0)
+    for module in (batching, inplace, access_patterns, graphs):
+        monkeypatch.setattr(module, "cudalab", fake)
+    monkeypatch.setattr(_common_b, "_core", fake)
+
+    def host_clock(cases, repeats, warmup):
+        return {name: [fn() or float(rng.uniform(1e-5, 1e-3)) for _ in range(3)]
+                for name, fn in cases.items()}
+
+    def host_measurement(times, *, calls, label, **kw):
+        return fake_measurement(label, median=float(np.median(times)) / calls)
+
+    for module in (_common_b, graphs):
+        monkeypatch.setattr(module, "host_clock", host_clock)
+        monkeypatch.setattr(module, "host_measurement", host_measurement)
+    launch = types.SimpleNamespace(value=2.5e-6)
+    for module in (batching, graphs):
+        monkeypatch.setattr(module, "ceiling", lambda name: launch)
+
+    def measure(self, label, fn, *args, flops=None, bytes=None, ceiling="auto", **kw):
+        fn(*args)
+        copy = ceiling == "copy"
+        return self.add(fake_measurement(
+            label, median=float(rng.uniform(1e-6, 1e-3)), flops=flops, bytes=bytes,
+            ceiling_name="copy" if copy else None, ceiling_value=3e12 if copy else None,
+            ceiling_unit="B/s" if copy else None), label)
+
+    monkeypatch.setattr(registry.LessonRun, "measure", measure)
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    return registry
+
+
+@pytest.mark.parametrize("name", ["batching", "inplace", "access_patterns", "graphs"])
+def test_lesson_flow_on_a_numpy_stand_in(fake_backend, name):
+    x = lessons.get(name)
+    params = x.defaults(True)
+    if name == "batching":
+        params["sizes"] = (16, 24)
+    elif name == "inplace":
+        params["sizes"] = (32, 48)
+    elif name == "access_patterns":
+        params["size"] = 64
+    r = fake_backend.LessonRun(x, params, quick=True)
+    x.function(r)
+    assert r.rows and r.findings and r.claims and r.checks
+    assert all(c.passed for c in r.checks)
+    keys = set(r.rows[0])
+    assert all(set(row) == keys for row in r.rows)
+    for f in r.findings:
+        assert set(f.labels) <= set(r.measurements)
+
+    class Ax:
+        def __getattr__(self, attr):
+            return lambda *args, **kwargs: None
+
+    x.plot(types_result(r), Ax())
+
+
+def types_result(r):
+    """The bits of a LessonResult the plots read."""
+    import types
+
+    return types.SimpleNamespace(rows=tuple(r.rows), measurements=r.measurements)

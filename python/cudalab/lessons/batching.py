@@ -50,6 +50,8 @@ def compare_methods(size: int, loop_s: float, batched_s: float, graph_s: float) 
                 f"each GEMM is big enough to keep the GPU busy")
     if graph_x >= BATCH_WIN:
         tail = f"; the graph-replayed loop is {graph_x:.1f}x faster than the eager loop"
+    elif graph_x <= 1 / BATCH_WIN:
+        tail = f"; the graph-replayed loop is {1 / graph_x:.1f}x slower than the eager loop"
     else:
         tail = f"; replaying the loop as a CUDA graph changes little ({graph_x:.2f}x)"
     return head + tail

@@ -41,6 +41,13 @@ def one_use_break_even_k(ks: Sequence[int], once_s: Sequence[float],
     return None
 
 
+def per_op_change(eager_over_replay: float) -> str:
+    """How replay changes the host cost per op, from eager / replay."""
+    if eager_over_replay >= 1:
+        return f"{eager_over_replay:.1f}x less"
+    return f"{1 / eager_over_replay:.1f}x more"
+
+
 def break_even_text(ks: Sequence[int], replays: Sequence[int | None]) -> str:
     """One sentence listing the replays each K needs before its capture has paid off."""
     parts = [f"K={k}: {'never' if n is None else n}" for k, n in zip(ks, replays)]
@@ -159,8 +166,8 @@ def run(r: LessonRun) -> None:
     big, kb = res[-1], ks[-1]
     win = ratio(big["eager_op"], big["replay_op"])
     r.finding(f"at K={kb} an eager op costs {big['eager_op'] * 1e6:.2f} us from Python and a "
-              f"replayed one {big['replay_op'] * 1e6:.2f} us ({win:.1f}x less); the bare launch "
-              f"ceiling is {launch * 1e6:.2f} us", value=win, unit="x",
+              f"replayed one {big['replay_op'] * 1e6:.2f} us ({per_op_change(win)}); the bare "
+              f"launch ceiling is {launch * 1e6:.2f} us", value=win, unit="x",
               labels=(f"eager K={kb} host", f"replay K={kb} host"))
     gpu_win = ratio(big["eager_gpu_op"], big["replay_gpu_op"])
     r.finding(f"on the GPU alone an op takes {big['eager_gpu_op'] * 1e6:.2f} us eager and "
@@ -181,7 +188,7 @@ def run(r: LessonRun) -> None:
               + tuple(f"eager K={k} host" for k in ks))
     r.claim("replaying a CUDA graph is much faster than issuing the ops for repeated patterns",
             tutorial=None, measured=win, unit="x", held=win >= GRAPH_WIN,
-            why=f"{win:.1f}x less host time per op at K={kb}; holds at >= {GRAPH_WIN}x")
+            why=f"{per_op_change(win)} host time per op at K={kb}; holds at >= {GRAPH_WIN}x")
 
 
 @run.plot

@@ -104,35 +104,26 @@ def _numpy_chain(x: np.ndarray, steps: int) -> np.ndarray:
 
 def _chains(x: Any, steps: int, torch: Any = None) -> dict[str, Callable[[], Any]]:
     """The out-of-place and in-place chain on `x` (cudalab, or torch when given)."""
-    if torch is None:
-        def out_of_place() -> Any:
-            y = x
-            for _ in range(steps):
-                y = cudalab.relu(y * SCALE + SHIFT)
-            return y
+    lib = cudalab if torch is None else torch
 
-        def in_place() -> Any:
-            y = cudalab.mul(x, SCALE)  # the one allocation: the result
-            cudalab.add(y, SHIFT, out=y)
-            cudalab.relu(y, out=y)
-            for _ in range(steps - 1):
-                cudalab.mul(y, SCALE, out=y)
+    def out_of_place() -> Any:
+        y = x
+        for _ in range(steps):
+            y = lib.relu(y * SCALE + SHIFT)
+        return y
+
+    def in_place() -> Any:
+        y = lib.mul(x, SCALE)  # the one allocation: the result
+        for i in range(steps):
+            if i:
+                lib.mul(y, SCALE, out=y)
+            if torch is None:
                 cudalab.add(y, SHIFT, out=y)
                 cudalab.relu(y, out=y)
-            return y
-    else:
-        def out_of_place() -> Any:
-            y = x
-            for _ in range(steps):
-                y = torch.relu(y * SCALE + SHIFT)
-            return y
+            else:
+                y.add_(SHIFT).relu_()
+        return y
 
-        def in_place() -> Any:
-            y = x.mul(SCALE)
-            y.add_(SHIFT).relu_()
-            for _ in range(steps - 1):
-                y.mul_(SCALE).add_(SHIFT).relu_()
-            return y
     return {"out-of-place": out_of_place, "in-place": in_place}
 
 
