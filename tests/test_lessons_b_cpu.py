@@ -269,8 +269,64 @@ def _fake_cudalab():
     return fake
 
 
-@pytest.fixture
-def fake_backend(monkeypatch):
+class _TorchArray(_HostArray):
+    """A NumPy array with the few torch.Tensor methods the lessons call."""
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return np.array(self)
+
+    def t(self):
+        return self.T
+
+    def contiguous(self):
+        return np.ascontiguousarray(self).view(_TorchArray)
+
+    def mul(self, s):
+        return np.multiply(self, s).view(_TorchArray)
+
+    def mul_(self, s):
+        return np.multiply(self, s, out=self)
+
+    def add_(self, s):
+        return np.add(self, s, out=self)
+
+    def relu_(self):
+        return np.maximum(self, np.float32(0), out=self)
+
+
+def _fake_torch():
+    """A NumPy stand-in for the torch calls the lessons make (tensors as _TorchArray)."""
+    import contextlib
+    import types
+
+    base = _fake_cudalab()
+
+    def new(a):
+        return np.asarray(a).view(_TorchArray)
+
+    def op(f):
+        return lambda a, b, out=None: f(a, b, out=out) if out is not None else new(f(a, b))
+
+    cuda = types.SimpleNamespace(
+        synchronize=lambda: None, memory_allocated=lambda: 0,
+        max_memory_allocated=lambda: 0, reset_peak_memory_stats=lambda: None,
+        memory_stats=lambda: {"allocation.all.allocated": 0},
+        CUDAGraph=base.CUDAGraph, graph=lambda g: contextlib.nullcontext(g))
+    return types.SimpleNamespace(
+        as_tensor=lambda a, device=None: new(np.array(a)),
+        empty_like=lambda a: new(np.empty_like(a)),
+        mm=op(np.matmul), bmm=op(np.matmul), mul=op(np.multiply), add=op(np.add),
+        sub=op(np.subtract), relu=lambda a: new(np.maximum(a, np.float32(0))),
+        sum=lambda a, dim: new(np.sum(a, axis=dim)), cuda=cuda,
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(
+            matmul=types.SimpleNamespace(allow_tf32=True))))
+
+
+@pytest.fixture(params=[False, True], ids=["no_torch", "fake_torch"])
+def fake_backend(monkeypatch, request):
     import types
 
     from cudalab.lessons import registry
@@ -305,7 +361,8 @@ def fake_backend(monkeypatch):
             ceiling_unit="B/s" if copy else None), label)
 
     monkeypatch.setattr(registry.LessonRun, "measure", measure)
-    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    torch = _fake_torch() if request.param else None
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: torch))
     return registry
 
 
@@ -323,6 +380,8 @@ def test_lesson_flow_on_a_numpy_stand_in(fake_backend, name):
     x.function(r)
     assert r.rows and r.findings and r.claims and r.checks
     assert all(c.passed for c in r.checks)
+    impls = {row["impl"] for row in r.rows}
+    assert impls == ({"cudalab", "torch"} if r.torch() is not None else {"cudalab"})
     keys = set(r.rows[0])
     assert all(set(row) == keys for row in r.rows)
     for f in r.findings:

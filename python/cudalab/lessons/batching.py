@@ -63,6 +63,16 @@ def launch_overhead(loop_host_s: float, loop_gpu_s: float) -> float:
 
 
 def _torch_rows(r: LessonRun, torch: Any, size: int, a_h, b_h, ref, flops: float) -> None:
+    # True fp32 like ours (precision="highest"), whatever an earlier lesson set.
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _torch_methods(r, torch, size, a_h, b_h, ref, flops)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _torch_methods(r: LessonRun, torch: Any, size: int, a_h, b_h, ref, flops: float) -> None:
     n = a_h.shape[0]
     ta = torch.as_tensor(a_h, device="cuda")
     tb = torch.as_tensor(b_h, device="cuda")
