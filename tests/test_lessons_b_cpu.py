@@ -23,6 +23,13 @@ def test_rel_error_scales_by_the_reference():
     assert _common_b.rel_error(np.full(2, 0.5), np.zeros(2)) == 0.5
 
 
+def test_pick_by_margin():
+    texts = ("up {x:.1f}", "down {inv:.1f}", "same {x:.2f}")
+    assert _common_b.pick(2.0, 1.5, *texts) == "up 2.0"
+    assert _common_b.pick(0.5, 1.5, *texts) == "down 2.0"
+    assert _common_b.pick(1.2, 1.5, *texts) == "same 1.20"
+
+
 def test_ratio_and_random_array():
     assert _common_b.ratio(6.0, 2.0) == 3.0
     assert _common_b.ratio(1.0, 0.0) == math.inf

@@ -64,3 +64,12 @@ def break_even_uses(fixed_s: float, slow_s: float, fast_s: float) -> int | None:
     if saving <= 0:
         return None
     return max(1, math.floor(fixed_s / saving) + 1)
+
+
+def pick(x: float, margin: float, above: str, below: str, between: str) -> str:
+    """`above` when x >= margin, `below` when x <= 1 / margin, else `between`.
+
+    The texts are formats with ``{x}`` (the ratio) and ``{inv}`` (its inverse).
+    """
+    text = above if x >= margin else below if x <= 1 / margin else between
+    return text.format(x=x, inv=ratio(1.0, x))

@@ -18,7 +18,7 @@ import numpy as np
 
 import cudalab
 
-from ._common_b import break_even_uses, random_array, ratio, rel_error
+from ._common_b import break_even_uses, pick, random_array, ratio, rel_error
 from .registry import LessonRun, lesson
 
 TRANSPOSE_METHODS = ("naive", "coalesced_write", "tiled", "tiled_padded", "best")
@@ -36,12 +36,9 @@ TOL_SUM = 1e-4
 def fix_finding(view_s: float, fix_s: float, copy_s: float, contiguous_s: float) -> str:
     """The pitfall in one sentence: strided op vs copy + contiguous op, and when the copy pays."""
     speedup = ratio(view_s, fix_s)
-    if speedup >= MARGIN:
-        verdict = f"copying first is {speedup:.2f}x faster even counting the copy"
-    elif speedup <= 1 / MARGIN:
-        verdict = f"copying first is {1 / speedup:.2f}x slower once the copy is counted"
-    else:
-        verdict = f"copying first takes about the same time ({speedup:.2f}x)"
+    verdict = pick(speedup, MARGIN, "copying first is {x:.2f}x faster even counting the copy",
+                   "copying first is {inv:.2f}x slower once the copy is counted",
+                   "copying first takes about the same time ({x:.2f}x)")
     uses = break_even_uses(copy_s, view_s, contiguous_s)
     reuse = ("the contiguous op is no faster than the strided one, so the copy never pays off"
              if uses is None else

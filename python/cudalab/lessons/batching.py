@@ -17,7 +17,7 @@ from typing import Any
 import cudalab
 
 from ..bench import ceiling
-from ._common_b import host_time, random_array, ratio, rel_error
+from ._common_b import host_time, pick, random_array, ratio, rel_error
 from .registry import LessonRun, lesson
 
 # A method at least this many times faster than another counts as a real win;
@@ -40,20 +40,16 @@ def compare_methods(size: int, loop_s: float, batched_s: float, graph_s: float) 
     """One finding sentence on per-GEMM host times of the three methods at `size`."""
     batch_x = ratio(loop_s, batched_s)
     graph_x = ratio(loop_s, graph_s)
-    if batch_x >= BATCH_WIN:
-        head = f"at {size}x{size}, one batched call is {batch_x:.1f}x faster than the loop"
-    elif batch_x <= 1 / BATCH_WIN:
-        head = (f"at {size}x{size}, the loop is {1 / batch_x:.1f}x faster than one batched "
-                f"call (the batched kernel choice is worse here)")
-    else:
-        head = (f"at {size}x{size}, batched and loop are about the same ({batch_x:.2f}x): "
-                f"each GEMM is big enough to keep the GPU busy")
-    if graph_x >= BATCH_WIN:
-        tail = f"; the graph-replayed loop is {graph_x:.1f}x faster than the eager loop"
-    elif graph_x <= 1 / BATCH_WIN:
-        tail = f"; the graph-replayed loop is {1 / graph_x:.1f}x slower than the eager loop"
-    else:
-        tail = f"; replaying the loop as a CUDA graph changes little ({graph_x:.2f}x)"
+    head = pick(batch_x, BATCH_WIN,
+                f"at {size}x{size}, one batched call is {{x:.1f}}x faster than the loop",
+                f"at {size}x{size}, the loop is {{inv:.1f}}x faster than one batched call "
+                f"(the batched kernel choice is worse here)",
+                f"at {size}x{size}, batched and loop are about the same ({{x:.2f}}x): each "
+                f"GEMM is big enough to keep the GPU busy")
+    tail = pick(graph_x, BATCH_WIN,
+                "; the graph-replayed loop is {x:.1f}x faster than the eager loop",
+                "; the graph-replayed loop is {inv:.1f}x slower than the eager loop",
+                "; replaying the loop as a CUDA graph changes little ({x:.2f}x)")
     return head + tail
 
 
