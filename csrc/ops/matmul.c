@@ -625,29 +625,23 @@ extent3(size_t width, size_t height, size_t depth)
     return (struct cudaExtent){.width = width, .height = height, .depth = depth};
 }
 
-/* Zero the padding of `dst` (depth matrices of rows_p x cols_p) beyond
- * rows x cols: the columns strip, then the rows strip. */
+/* Zero the padding of `dst` (depth matrices of rows_p x cols_p, contiguous)
+ * beyond rows x cols with two 2-D memsets: the columns strip of every row
+ * of the stack, then the tail rows of each matrix (one "row" per matrix). */
 static int
 zero_padding(mm_problem *p, DeviceArray *dst, int64_t depth, int64_t rows, int64_t cols,
              int64_t rows_p, int64_t cols_p)
 {
     size_t item = cl_itemsize(p->dtype), pitch = (size_t)cols_p * item;
     if (cols_p > cols) {
-        struct cudaPitchedPtr ptr = pitched(dst->data + cols * item, pitch,
-                                                 (size_t)(cols_p - cols) * item, (size_t)rows_p);
-        CL_CUDA_CHECK(p->op.st, cudaMemset3DAsync(
-                                    ptr, 0, extent3((size_t)(cols_p - cols) * item,
-                                                            (size_t)rows_p, (size_t)depth),
-                                    p->op.stream));
+        CL_CUDA_CHECK(p->op.st, cudaMemset2DAsync(dst->data + cols * item, pitch, 0,
+                                                  (size_t)(cols_p - cols) * item,
+                                                  (size_t)(rows_p * depth), p->op.stream));
     }
     if (rows_p > rows) {
-        struct cudaPitchedPtr ptr = pitched(dst->data + rows * pitch, pitch,
-                                                 (size_t)cols * item, (size_t)rows_p);
-        CL_CUDA_CHECK(p->op.st, cudaMemset3DAsync(
-                                    ptr, 0, extent3((size_t)cols * item,
-                                                            (size_t)(rows_p - rows),
-                                                            (size_t)depth),
-                                    p->op.stream));
+        CL_CUDA_CHECK(p->op.st, cudaMemset2DAsync(dst->data + rows * pitch, rows_p * pitch, 0,
+                                                  (size_t)(rows_p - rows) * pitch,
+                                                  (size_t)depth, p->op.stream));
     }
     return 0;
 fail:
