@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 import cudalab
+from ..bench import MatmulCase
 from .registry import LessonRun, lesson
 
 # A misaligned size counts as a cliff when the aligned sizes run this many
@@ -133,22 +134,6 @@ def _label(impl: str, dtype: str, size: int, mode: str | None) -> str:
     return f"matmul {dtype} n={size} pad={mode}"
 
 
-def _torch_mm(torch: Any, a: Any, b: Any, dtype: str) -> Any:
-    ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
-    tout = torch.empty_like(ta)
-    tf32 = dtype == "tf32"
-
-    def theirs() -> Any:
-        matmul = torch.backends.cuda.matmul
-        previous = matmul.allow_tf32
-        matmul.allow_tf32 = tf32
-        try:
-            return torch.mm(ta, tb, out=tout)
-        finally:
-            matmul.allow_tf32 = previous
-    return theirs
-
-
 def _check(r: LessonRun, a: Any, b: Any, dtype: str, size: int) -> None:
     """Both modes' results vs float64 NumPy on the first CHECK_ROWS rows."""
     rows = min(size, CHECK_ROWS)
@@ -176,11 +161,14 @@ def _sweep_dtype(r: LessonRun, dtype: str, sizes: list[int], torch: Any) -> dict
         for impl, mode in impls:
             label = _label(impl, dtype, size, mode)
             if impl == "torch":
-                fn = _torch_mm(torch, a, b, dtype)
+                # The bench case's torch.mm twin: same size, dtype and TF32 setting.
+                twin = MatmulCase(dtype, size).prepare().torch_twin(torch)
+                m = r.add(twin.measure(r.timer, label=label, description="torch",
+                                       ceiling=ceiling), label)
             else:
                 def fn(pad=mode == "on"):
                     return cudalab.matmul(a, b, out=out, precision=PRECISION[dtype], pad=pad)
-            m = r.measure(label, fn, flops=2 * size**3, ceiling=ceiling)
+                m = r.measure(label, fn, flops=2 * size**3, ceiling=ceiling)
             if impl == "cudalab":
                 rates[size, mode] = m.tflops
             pct = m.percent_of_ceiling
