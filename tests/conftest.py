@@ -9,6 +9,7 @@
   sees the same data on every run.
 * ``memory_baseline``: a clean device pool for memory tests.
 * ``restore_precision``: the float32 matmul precision is put back afterwards.
+* ``restore_padding``: the matmul padding mode is put back afterwards.
 * ``no_profile_left_running``: no profile keeps recording after the test
   (modules use it with ``pytest.mark.usefixtures``).
 
@@ -77,6 +78,16 @@ def restore_precision():
         yield
     finally:
         cudalab.set_float32_matmul_precision(saved)
+
+
+@pytest.fixture
+def restore_padding():
+    """Put the matmul padding mode back after the test, even if it failed."""
+    saved = cudalab.get_matmul_padding()
+    try:
+        yield
+    finally:
+        cudalab.set_matmul_padding(saved)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """CPU tier: matmul's API and the argument errors that need no device array.
 
 Checked before any device access (so the same with or without a GPU):
-the float32 precision setting, matmul's `precision` argument (validated first),
+the float32 precision setting, the padding mode, matmul's `precision` and
+`pad` arguments (validated first),
 non-DeviceArray operands (the one "expected a cudalab.DeviceArray" message with
 the asarray() hint), the order of the checks, and the calling convention.
 Dtype/shape/out errors need real DeviceArrays and live in test_matmul_gpu.py.
@@ -19,18 +20,25 @@ import cudalab
 
 
 def test_public_names():
-    for name in ("matmul", "set_float32_matmul_precision", "get_float32_matmul_precision"):
+    for name in (
+        "matmul",
+        "set_float32_matmul_precision",
+        "get_float32_matmul_precision",
+        "set_matmul_padding",
+        "get_matmul_padding",
+    ):
         assert name in cudalab.__all__
         assert getattr(cudalab, name) is getattr(cudalab._core, name)
 
 
 def test_matmul_signature_and_doc():
     sig = inspect.signature(cudalab.matmul)
-    assert list(sig.parameters) == ["a", "b", "out", "precision"]
+    assert list(sig.parameters) == ["a", "b", "out", "precision", "pad"]
     assert sig.parameters["out"].default is None
     assert sig.parameters["precision"].default is None
+    assert sig.parameters["pad"].default is None
     doc = cudalab.matmul.__doc__
-    assert "Parameters" in doc and "Returns" in doc and "precision" in doc
+    assert "Parameters" in doc and "Returns" in doc and "precision" in doc and "pad :" in doc
     assert list(inspect.signature(cudalab.set_float32_matmul_precision).parameters) == [
         "precision"
     ]
@@ -142,12 +150,85 @@ def test_matmul_precision_checked_before_operands():
 def test_matmul_calling_convention():
     with pytest.raises(TypeError, match="missing required argument 'b'"):
         cudalab.matmul(np.ones((2, 2)))
-    with pytest.raises(TypeError, match="at most 4 positional"):
-        cudalab.matmul(1, 2, None, None, 5)
+    with pytest.raises(TypeError, match="at most 5 positional"):
+        cudalab.matmul(1, 2, None, None, None, 6)
     with pytest.raises(TypeError, match="unexpected keyword argument 'alpha'"):
         cudalab.matmul(1, 2, alpha=2.0)
     with pytest.raises(TypeError, match="multiple values for argument 'b'"):
         cudalab.matmul(1, 2, b=3)
+
+
+# -------------------------------------------------------------- padding ----
+
+
+def test_default_padding_is_auto():
+    # Nothing in this process should have changed it outside a restoring fixture.
+    assert cudalab.get_matmul_padding() == "auto"
+
+
+def test_padding_api_signatures_and_docs():
+    assert list(inspect.signature(cudalab.set_matmul_padding).parameters) == ["mode"]
+    assert list(inspect.signature(cudalab.get_matmul_padding).parameters) == []
+    doc = cudalab.set_matmul_padding.__doc__
+    assert "Parameters" in doc and "'auto'" in doc
+
+
+@pytest.mark.parametrize("value", ["auto", True, False])
+def test_set_get_padding_round_trip(restore_padding, value):
+    cudalab.set_matmul_padding(value)
+    got = cudalab.get_matmul_padding()
+    assert got == value and type(got) is type(value)
+    cudalab.set_matmul_padding(mode="auto")
+    assert cudalab.get_matmul_padding() == "auto"
+
+
+@pytest.mark.parametrize("value", ["on", "AUTO", "", "true", "auto "])
+def test_set_padding_bad_string_is_value_error(restore_padding, value):
+    before = cudalab.get_matmul_padding()
+    with pytest.raises(ValueError, match=arg_error("set_matmul_padding", "mode") + "expected"):
+        cudalab.set_matmul_padding(value)
+    assert cudalab.get_matmul_padding() == before
+
+
+@pytest.mark.parametrize("value", [None, 1, 0, b"auto", 0.5, ["auto"], np.bool_(True)])
+def test_set_padding_non_bool_is_type_error(restore_padding, value):
+    """Only the bool singletons and 'auto': 1/0 and NumPy bools are refused."""
+    before = cudalab.get_matmul_padding()
+    with pytest.raises(TypeError, match=arg_error("set_matmul_padding", "mode")):
+        cudalab.set_matmul_padding(value)
+    assert cudalab.get_matmul_padding() == before
+
+
+def test_set_padding_calling_convention():
+    with pytest.raises(TypeError, match="missing required argument 'mode'"):
+        cudalab.set_matmul_padding()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pad'"):
+        cudalab.set_matmul_padding(pad=True)
+    with pytest.raises(TypeError):
+        cudalab.get_matmul_padding(True)
+
+
+@pytest.mark.parametrize("value", ["on", "Auto", "yes"])
+def test_matmul_bad_pad_string_is_value_error(value):
+    """`pad` is validated before the operands (so no arrays are needed)."""
+    with pytest.raises(ValueError, match=arg_error("matmul", "pad") + "expected 'auto'"):
+        cudalab.matmul(np.ones((2, 2)), np.ones((2, 2)), pad=value)
+
+
+@pytest.mark.parametrize("value", [1, 0, 3.0, b"auto", np.bool_(False)])
+def test_matmul_non_bool_pad_is_type_error(value):
+    with pytest.raises(TypeError, match=arg_error("matmul", "pad")):
+        cudalab.matmul(np.ones((2, 2)), np.ones((2, 2)), pad=value)
+
+
+def test_matmul_pad_checked_after_precision_before_operands():
+    with pytest.raises(ValueError, match=arg_error("matmul", "precision")):
+        cudalab.matmul(None, None, precision="low", pad="bad")
+    with pytest.raises(ValueError, match=arg_error("matmul", "pad")):
+        cudalab.matmul(None, None, pad="bad")
+    for ok in (None, "auto", True, False):
+        with pytest.raises(TypeError, match=arg_error("matmul", "a")):
+            cudalab.matmul(None, None, pad=ok)
 
 
 def test_private_backend_switch_round_trip():

@@ -220,7 +220,7 @@ def test_general_strided_views_are_made_contiguous(rng, dtype):
     da, db = cudalab.asarray(big_a), cudalab.asarray(big_b)
     va, ha = da[::2, ::3], big_a[::2, ::3]  # (40, 30)
     vb, hb = db[1:91:3, ::2], big_b[1:91:3, ::2]  # (30, 35)
-    check(cudalab.matmul(va, vb), ha, hb, dtype)
+    check(cudalab.matmul(va, vb, pad=pad), ha, hb, dtype)
     check(cudalab.matmul(vb.T, va.T), hb.T, ha.T, dtype)
 
 
@@ -532,9 +532,10 @@ def test_matmul_from_another_thread(rng):
     tb=st.booleans(),
     step=st.sampled_from([1, 2]),
     dtype=st.sampled_from([F32, F16, F64]),
+    pad=st.sampled_from(["auto", True, False]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_hypothesis_shapes_and_layouts(m, k, n, batch, ta, tb, step, dtype, seed):
+def test_hypothesis_shapes_and_layouts(m, k, n, batch, ta, tb, step, dtype, pad, seed):
     rng = np.random.default_rng(seed)
     nb = len(batch)
     # a: (batch, m, k), stored transposed when ta; every other column when step == 2.
@@ -549,4 +550,183 @@ def test_hypothesis_shapes_and_layouts(m, k, n, batch, ta, tb, step, dtype, seed
         va, ha = va.transpose(*perm), ha.transpose(perm)
     if tb:
         vb, hb = vb.transpose(*perm), hb.transpose(perm)
-    check(cudalab.matmul(va, vb), ha, hb, dtype)
+    check(cudalab.matmul(va, vb, pad=pad), ha, hb, dtype)
+
+
+# -------------------------------------------------------------- padding ----
+# Tensor-core products whose K or N is not a multiple of 16 bytes run on
+# zero-padded copies. The padded path allocates its temporaries through the
+# pool, so the allocation count shows whether it ran: one for the result,
+# plus one per padded operand and one for a padded result (N padded).
+
+HALF = [F16, BF16]
+
+
+def count_allocations(fn) -> int:
+    before = allocations()
+    fn()
+    cudalab.synchronize()
+    return allocations() - before
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize(
+    "mkn,padded_allocs",
+    [
+        ((37, 29, 13), 4),  # K and N misaligned: a, b and the result padded
+        ((37, 29, 16), 3),  # K only: a and b padded, the GEMM writes the result
+        ((40, 32, 13), 3),  # N only: a used as it is; b and the result padded
+        ((40, 32, 16), 1),  # aligned: unchanged
+        ((3, 8, 5), 3),  # a (3 x 8) is aligned already
+    ],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v),
+)
+def test_padding_runs_only_when_misaligned(rng, warm, dtype, mkn, padded_allocs):
+    m, k, n = mkn
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    outs = {}
+    for pad in (True, False):
+        outs[pad] = cudalab.matmul(da, db, pad=pad)  # plans made
+    assert count_allocations(lambda: cudalab.matmul(da, db, pad=True)) == padded_allocs
+    assert count_allocations(lambda: cudalab.matmul(da, db, pad=False)) == 1
+    # "auto" leaves products this small alone.
+    assert count_allocations(lambda: cudalab.matmul(da, db, pad="auto")) == 1
+    for out in outs.values():
+        check(out, a, b, dtype)
+    assert rel_err(outs[True], outs[False].get().astype(np.float64)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=dtype_id)
+def test_padding_leaves_non_tensor_core_dtypes_alone(rng, warm, restore_precision, dtype):
+    a, b = random_array(rng, (37, 29), dtype), random_array(rng, (29, 13), dtype)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    cudalab.matmul(da, db, pad=True)
+    assert count_allocations(lambda: check(cudalab.matmul(da, db, pad=True), a, b, dtype)) == 1
+    if dtype == F32:
+        # TF32 is a tensor-core product: padded (K 29 -> 32, N 13 -> 16).
+        cudalab.matmul(da, db, pad=True, precision="high")
+        n = count_allocations(
+            lambda: check(cudalab.matmul(da, db, pad=True, precision="high"), a, b, F32,
+                          tol=TF32_TOL))
+        assert n == 4
+
+
+def test_padding_leaves_vectors_alone(rng, warm):
+    a, b = random_array(rng, (29,), F16), random_array(rng, (29, 13), F16)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    cudalab.matmul(da, db, pad=True)
+    assert count_allocations(lambda: check(cudalab.matmul(da, db, pad=True), a, b, F16)) == 1
+    assert count_allocations(lambda: check(cudalab.matmul(db.T, da, pad=True), b.T, a, F16)) == 1
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("pad", ["auto", True, False])
+def test_padding_odd_large_matches_float64(rng, dtype, pad):
+    """1023 x 1025 @ 1025 x 1027 (M, K, N): all odd; fp32 accumulation keeps
+    the error at the level of the inputs' rounding."""
+    m, k, n = 1023, 1025, 1027
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    out = cudalab.matmul(cudalab.asarray(a), cudalab.asarray(b), pad=pad)
+    check(out, a, b, dtype, tol=5e-3)
+
+
+def test_auto_pads_large_misaligned_products(rng, warm, restore_padding):
+    """Above the documented size (M, N, K >= 256, M N K >= 2**30) "auto" pads;
+    set_matmul_padding changes what `pad=None` and the @ operator do."""
+    m, k, n = 1031, 1029, 1027
+    a, b = random_array(rng, (m, k), F16), random_array(rng, (k, n), F16)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    cudalab.matmul(da, db, pad=True)
+    cudalab.matmul(da, db, pad=False)
+    assert count_allocations(lambda: check(cudalab.matmul(da, db), a, b, F16)) == 4
+    cudalab.set_matmul_padding(False)
+    assert count_allocations(lambda: check(da @ db, a, b, F16)) == 1
+    cudalab.set_matmul_padding(True)
+    assert count_allocations(lambda: check(da @ db, a, b, F16)) == 4
+    assert count_allocations(lambda: check(cudalab.matmul(da, db, pad=False), a, b, F16)) == 1
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((3, 37, 29), (3, 29, 13)),
+        ((3, 37, 29), (29, 13)),  # b broadcast: padded once, at its own shape
+        ((1, 37, 29), (4, 29, 13)),
+        ((2, 1, 37, 29), (3, 29, 13)),
+    ],
+    ids=["batched", "b_broadcast", "a_broadcast", "two_axes"],
+)
+def test_padding_batched(rng, dtype, sa, sb):
+    a, b = random_array(rng, sa, dtype), random_array(rng, sb, dtype)
+    check(cudalab.matmul(cudalab.asarray(a), cudalab.asarray(b), pad=True), a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_padding_transposed_and_strided_views(rng, dtype, ta, tb):
+    """Column-major views are made contiguous, then padded; row-major views
+    with a leading dimension are padded straight from their rows; batched
+    and single matrices of them."""
+    m, k, n = 37, 29, 13
+    a_store = random_array(rng, (2, k, m) if ta else (2, m, k + 5), dtype)
+    b_store = random_array(rng, (2, n, k) if tb else (2, k, n + 3), dtype)
+    da, db = cudalab.asarray(a_store), cudalab.asarray(b_store)
+    if ta:
+        va, ha = da.transpose(0, 2, 1), a_store.transpose(0, 2, 1)
+    else:
+        va, ha = da[:, :, :k], a_store[:, :, :k]
+    if tb:
+        vb, hb = db.transpose(0, 2, 1), b_store.transpose(0, 2, 1)
+    else:
+        vb, hb = db[:, :, :n], b_store[:, :, :n]
+    check(cudalab.matmul(va, vb, pad=True), ha, hb, dtype)
+    check(cudalab.matmul(va[1], vb[0], pad=True), ha[1], hb[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+def test_padding_general_strided_operand(rng, dtype):
+    a_store = random_array(rng, (37, 58), dtype)
+    b = random_array(rng, (29, 13), dtype)
+    va, ha = cudalab.asarray(a_store)[:, ::2], a_store[:, ::2]
+    check(cudalab.matmul(va, cudalab.asarray(b), pad=True), ha, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+def test_padding_with_out(rng, warm, dtype):
+    a, b = random_array(rng, (2, 37, 29), dtype), random_array(rng, (29, 13), dtype)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    out = cudalab.empty((2, 37, 13), dtype=dtype)
+    assert cudalab.matmul(da, db, out=out, pad=True) is out
+    check(out, a, b, dtype)
+    # the padded temporaries only: a, b and the padded result
+    assert count_allocations(lambda: cudalab.matmul(da, db, out=out, pad=True)) == 3
+    check(out, a, b, dtype)
+
+
+def test_padding_with_out_overlapping_an_operand(rng):
+    a, b = random_array(rng, (33, 33), F16), random_array(rng, (33, 33), F16)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    assert cudalab.matmul(da, db, out=da, pad=True) is da
+    check(da, a, b, F16)
+    dc = cudalab.asarray(a)
+    cudalab.matmul(dc, db, out=db, pad=True)
+    check(db, a, b, F16)
+
+
+def test_padding_profiler_reports_logical_flops(rng):
+    from cudalab.profiler import profile
+
+    a, b = random_array(rng, (3, 37, 29), F16), random_array(rng, (29, 13), F16)
+    da, db = cudalab.asarray(a), cudalab.asarray(b)
+    cudalab.matmul(da, db, pad=True)
+    with profile() as prof:
+        out = cudalab.matmul(da, db, pad=True)
+    (e,) = [e for e in prof.events() if e.kind == "op"]
+    assert e.name == "matmul" and e.dtype == "float16"
+    assert e.flops == 2 * 37 * 13 * 29 * 3
+    assert e.bytes == da.nbytes + db.nbytes + out.nbytes
+    assert e.output_shape == (3, 37, 13)
+    check(out, a, b, F16)

@@ -1,7 +1,8 @@
 /* matmul through cuBLASLt (main path) and cuBLAS (fallback, and float64).
  *
- *   matmul(a, b, out=None, precision=None), a @ b
+ *   matmul(a, b, out=None, precision=None, pad=None), a @ b
  *   set_float32_matmul_precision("highest" | "high"), get_float32_matmul_precision()
+ *   set_matmul_padding("auto" | True | False), get_matmul_padding()
  *
  * Semantics follow np.matmul: the last two axes are the matrices, the leading
  * axes are batch axes broadcast against each other; a 1-D first operand is a
@@ -33,6 +34,17 @@
  * (at most MAX_OUTER_CALLS calls; beyond that the operands that cannot use one
  * stride are materialized C-contiguous at the full batch shape first).
  *
+ * Padding. Tensor-core GEMMs (float16, bfloat16, float32 as TF32) want the
+ * contiguous extent and leading dimension of every matrix to be a multiple
+ * of 16 bytes; otherwise cuBLAS falls back to slow kernels. Both operands and
+ * the result are row-major here, so those extents are K (of a) and N (of b
+ * and the result); M never is one. When K or N is not a multiple of
+ * 16 / itemsize elements (see pad_wanted for when), the operands are copied
+ * into buffers padded to Kp, Np (zeros beyond K: exact; columns beyond N of
+ * b: zeros, their products dropped), the aligned GEMM writes a padded result
+ * (when N was padded) and its first N columns are copied into the target.
+ * An operand already aligned at the padded shape is used as it is.
+ *
  * Backends. float64 goes to cublasGemmStridedBatchedEx_64 directly (see
  * use_lt): that is the library path torch.mm takes for doubles; the private
  * _set_matmul_backend(dtype, 'lt'|'cublas') switches a dtype for benchmarks. */
@@ -53,6 +65,19 @@ static const char *const precision_names[] = {"highest", "high"};
 
 /* Process-wide, like torch.set_float32_matmul_precision. */
 static _Atomic int float32_precision = PREC_HIGHEST;
+
+/* Padding of misaligned tensor-core GEMMs (see "Padding" above): never,
+ * whenever K or N is misaligned, or only where the copies cost little. */
+enum { PAD_OFF = 0, PAD_ON = 1, PAD_AUTO = 2 };
+static _Atomic int matmul_padding = PAD_AUTO;
+/* Tensor-core loads and leading dimensions: multiples of 16 bytes. */
+#define PAD_BYTES 16
+/* "auto" pads only when every dimension is at least PAD_MIN_DIM and
+ * M N K >= PAD_MIN_WORK (a 1024^3 product): the copies move O(MK + KN +
+ * MN) bytes against the GEMM's O(MNK) work, and below that size a few
+ * extra launches cost as much as the misaligned GEMM loses. */
+#define PAD_MIN_DIM 256
+#define PAD_MIN_WORK ((int64_t)1 << 30)
 
 static cublasComputeType_t
 compute_type(cl_dtype dtype, int precision)
@@ -87,8 +112,10 @@ typedef struct mm_problem {
     int precision;
     DeviceArray *a, *b;  /* the arguments (borrowed) */
     DeviceArray *out;    /* out= (borrowed) or NULL */
+    int pad;             /* PAD_* for this call */
     operand oa, ob;
-    int64_t M, N, K;
+    int64_t M, N, K;     /* K, N: the padded extents once matmul_pad ran */
+    int64_t flops;       /* 2 M N K per product, of the logical (unpadded) shapes */
     int nb;              /* batch axes of the result, and their extents */
     Py_ssize_t bshape[CL_MAX_NDIM];
     int rnd;             /* the result's shape */
@@ -239,6 +266,25 @@ parse_precision(PyObject *obj, const char *func, const char *param, int *out)
                         obj);
 }
 
+static int
+parse_pad(PyObject *obj, const char *func, const char *param, int *out)
+{
+    if (PyBool_Check(obj)) {
+        *out = obj == Py_True ? PAD_ON : PAD_OFF;
+        return 0;
+    }
+    if (!PyUnicode_Check(obj)) {
+        return cl_arg_error(PyExc_TypeError, func, param,
+                            "expected 'auto', True or False, got %.100s", Py_TYPE(obj)->tp_name);
+    }
+    if (PyUnicode_CompareWithASCIIString(obj, "auto") == 0) {
+        *out = PAD_AUTO;
+        return 0;
+    }
+    return cl_arg_error(PyExc_ValueError, func, param, "expected 'auto', True or False, got %R",
+                        obj);
+}
+
 /* Raise with the two shapes in the message: "<detail>: 'a' has shape (..)
  * and 'b' has shape (..)". */
 static int
@@ -317,13 +363,15 @@ validate_shapes(mm_problem *p)
 
 static int
 matmul_validate(mm_problem *p, cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj,
-                PyObject *out_obj, PyObject *precision_obj)
+                PyObject *out_obj, PyObject *precision_obj, PyObject *pad_obj)
 {
     cl_op_init(&p->op, st, func);
-    /* The scalar option first, so it is checked even without arrays (CPU tier). */
+    /* The scalar options first, so they are checked even without arrays (CPU tier). */
     p->precision = atomic_load(&float32_precision);
-    if (precision_obj != NULL && precision_obj != Py_None &&
-        parse_precision(precision_obj, func, "precision", &p->precision) < 0) {
+    p->pad = atomic_load(&matmul_padding);
+    if ((precision_obj != NULL && precision_obj != Py_None &&
+         parse_precision(precision_obj, func, "precision", &p->precision) < 0) ||
+        (pad_obj != NULL && pad_obj != Py_None && parse_pad(pad_obj, func, "pad", &p->pad) < 0)) {
         return -1;
     }
     if (validate_operand(&p->op, a_obj, "a", &p->a) < 0 ||
@@ -343,6 +391,10 @@ matmul_validate(mm_problem *p, cl_state *st, const char *func, PyObject *a_obj, 
     }
     if (p->out != NULL && !cl_is_c_contiguous(p->out)) {
         return cl_arg_error(PyExc_ValueError, func, "out", "must be C-contiguous");
+    }
+    p->flops = 2 * p->M * p->N * p->K;
+    for (int i = 0; i < p->nb; i++) {
+        p->flops *= p->bshape[i];
     }
     return 0;
 }
@@ -487,6 +539,205 @@ matmul_plan(mm_problem *p, const DeviceArray *target, mm_batching *bt, cl_mm_key
     return 0;
 }
 
+/* ---- padding (see "Padding" in the header comment) ------------------------------------- */
+
+static bool
+tensor_core_dtype(const mm_problem *p)
+{
+    return p->dtype == CL_FLOAT16 || p->dtype == CL_BFLOAT16 ||
+           (p->dtype == CL_FLOAT32 && p->precision == PREC_HIGH);
+}
+
+/* Pad this call? A tensor-core dtype, two matrices (no 1-D operand), K or N
+ * misaligned; under "auto" also every dimension >= PAD_MIN_DIM and
+ * M N K >= PAD_MIN_WORK. */
+static bool
+pad_wanted(const mm_problem *p)
+{
+    if (p->pad == PAD_OFF || !tensor_core_dtype(p) || p->oa.vector || p->ob.vector) {
+        return false;
+    }
+    int64_t step = PAD_BYTES / (int64_t)cl_itemsize(p->dtype);
+    if (p->K % step == 0 && p->N % step == 0) {
+        return false;
+    }
+    return p->pad == PAD_ON ||
+           (p->M >= PAD_MIN_DIM && p->N >= PAD_MIN_DIM && p->K >= PAD_MIN_DIM &&
+            (double)p->M * (double)p->N * (double)p->K >= (double)PAD_MIN_WORK);
+}
+
+/* Whether `o` can serve the padded GEMM as it is: its shape is the padded
+ * one and cuBLAS sees 16-byte aligned data, leading dimension, contiguous
+ * extent and batch strides. */
+static bool
+operand_aligned(operand *o, int64_t rows_p, int64_t cols_p)
+{
+    const DeviceArray *a = o->arr;
+    int64_t item = (int64_t)cl_itemsize(a->dtype);
+    if (o->rows != rows_p || o->cols != cols_p || !operand_layout(o) ||
+        alignment_of((uintptr_t)a->data) < PAD_BYTES || (o->ld * item) % PAD_BYTES != 0 ||
+        ((o->op == CUBLAS_OP_N ? o->cols : o->rows) * item) % PAD_BYTES != 0) {
+        return false;
+    }
+    for (int i = 0; i < o->nbatch; i++) {
+        if (a->shape[i] > 1 && a->strides[i] % PAD_BYTES != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Whether `o` is row-major with its matrices one batch stride apart (rows *
+ * pitch): what one pitched 3-D copy reads. Sets the row pitch in elements. */
+static bool
+operand_pitched(const operand *o, int64_t *pitch)
+{
+    const DeviceArray *a = o->arr;
+    int nd = a->ndim;
+    Py_ssize_t item = (Py_ssize_t)cl_itemsize(a->dtype);
+    if (o->cols > 1 && a->strides[nd - 1] != item) {
+        return false;
+    }
+    if (o->rows > 1 && (a->strides[nd - 2] % item != 0 || o->rs < o->cols)) {
+        return false;
+    }
+    *pitch = o->rows > 1 ? o->rs : o->cols;
+    int64_t expect = o->rows * *pitch * item;
+    for (int i = nd - 3; i >= 0; i--) {
+        if (a->shape[i] > 1 && a->strides[i] != expect) {
+            return false;
+        }
+        expect *= a->shape[i];
+    }
+    return true;
+}
+
+/* The runtime's pitched pointer and extent (its make_* helpers are not C). */
+static struct cudaPitchedPtr
+pitched(void *ptr, size_t pitch, size_t xsize, size_t ysize)
+{
+    return (struct cudaPitchedPtr){.ptr = ptr, .pitch = pitch, .xsize = xsize, .ysize = ysize};
+}
+
+static struct cudaExtent
+extent3(size_t width, size_t height, size_t depth)
+{
+    return (struct cudaExtent){.width = width, .height = height, .depth = depth};
+}
+
+/* Zero the padding of `dst` (depth matrices of rows_p x cols_p, contiguous)
+ * beyond rows x cols with two 2-D memsets: the columns strip of every row
+ * of the stack, then the tail rows of each matrix (one "row" per matrix). */
+static int
+zero_padding(mm_problem *p, DeviceArray *dst, int64_t depth, int64_t rows, int64_t cols,
+             int64_t rows_p, int64_t cols_p)
+{
+    size_t item = cl_itemsize(p->dtype), pitch = (size_t)cols_p * item;
+    if (cols_p > cols) {
+        CL_CUDA_CHECK(p->op.st, cudaMemset2DAsync(dst->data + cols * item, pitch, 0,
+                                                  (size_t)(cols_p - cols) * item,
+                                                  (size_t)(rows_p * depth), p->op.stream));
+    }
+    if (rows_p > rows) {
+        CL_CUDA_CHECK(p->op.st, cudaMemset2DAsync(dst->data + rows * pitch, rows_p * pitch, 0,
+                                                  (size_t)(rows_p - rows) * pitch,
+                                                  (size_t)depth, p->op.stream));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Make `o` a C-contiguous rows_p x cols_p (per batch) copy with zeros
+ * beyond its own rows x cols, unless it can serve as it is. */
+static int
+operand_pad(mm_problem *p, operand *o, int64_t rows_p, int64_t cols_p)
+{
+    int64_t pitch = 0;
+    if (operand_aligned(o, rows_p, cols_p)) {
+        return 0;
+    }
+    if (!operand_pitched(o, &pitch)) {
+        /* A C-contiguous copy always is pitched. */
+        if (operand_make_contiguous(p, o, NULL) < 0) {
+            return -1;
+        }
+        (void)operand_pitched(o, &pitch);
+    }
+    const DeviceArray *src = o->arr;
+    int nd = src->ndim;
+    Py_ssize_t shape[CL_MAX_NDIM];
+    int64_t depth = 1;
+    for (int i = 0; i < nd - 2; i++) {
+        shape[i] = src->shape[i];
+        depth *= src->shape[i];
+    }
+    shape[nd - 2] = (Py_ssize_t)rows_p;
+    shape[nd - 1] = (Py_ssize_t)cols_p;
+    DeviceArray *dst = cl_op_new(&p->op, nd, shape, NULL, p->dtype);
+    if (dst == NULL) {
+        return -1;
+    }
+    size_t item = cl_itemsize(p->dtype);
+    struct cudaMemcpy3DParms copy;
+    memset(&copy, 0, sizeof copy);
+    copy.srcPtr = pitched(src->data, (size_t)pitch * item, (size_t)o->cols * item,
+                                      (size_t)o->rows);
+    copy.dstPtr = pitched(dst->data, (size_t)cols_p * item, (size_t)cols_p * item,
+                                      (size_t)rows_p);
+    copy.extent = extent3((size_t)o->cols * item, (size_t)o->rows, (size_t)depth);
+    copy.kind = cudaMemcpyDeviceToDevice;
+    CL_CUDA_CHECK(p->op.st, cudaMemcpy3DAsync(&copy, p->op.stream));
+    if (zero_padding(p, dst, depth, o->rows, o->cols, rows_p, cols_p) < 0) {
+        goto fail;
+    }
+    Py_SETREF(o->arr, dst);
+    operand_load(o, o == &p->oa);
+    return 0;
+fail:
+    Py_DECREF(dst);
+    return -1;
+}
+
+/* Pad the operands to K -> Kp, N -> Np and, when N grew, make *padded the
+ * result the GEMM writes (rows of Np); p->K and p->N become Kp and Np. */
+static int
+matmul_pad(mm_problem *p, DeviceArray **padded)
+{
+    int64_t step = PAD_BYTES / (int64_t)cl_itemsize(p->dtype);
+    int64_t Kp = (p->K + step - 1) / step * step, Np = (p->N + step - 1) / step * step;
+    *padded = NULL;
+    if (operand_pad(p, &p->oa, p->M, Kp) < 0 || operand_pad(p, &p->ob, Kp, Np) < 0) {
+        return -1;
+    }
+    if (Np != p->N) {
+        Py_ssize_t shape[CL_MAX_NDIM];
+        memcpy(shape, p->rshape, sizeof shape);
+        shape[p->rnd - 1] = (Py_ssize_t)Np;
+        *padded = cl_op_new(&p->op, p->rnd, shape, NULL, p->dtype);
+        if (*padded == NULL) {
+            return -1;
+        }
+    }
+    p->K = Kp;
+    p->N = Np;
+    return 0;
+}
+
+/* The first n columns of each row of `padded` (rows of p->N) into `target`. */
+static int
+result_unpad(mm_problem *p, const DeviceArray *padded, DeviceArray *target, int64_t n)
+{
+    size_t item = cl_itemsize(p->dtype);
+    size_t rows = (size_t)(cl_array_size(target) / n);
+    CL_CUDA_CHECK(p->op.st, cudaMemcpy2DAsync(target->data, (size_t)n * item, padded->data,
+                                              (size_t)p->N * item, (size_t)n * item, rows,
+                                              cudaMemcpyDeviceToDevice, p->op.stream));
+    return 0;
+fail:
+    return -1;
+}
+
 /* ---- run ------------------------------------------------------------------------------- */
 
 /* One strided-batched GEMM per outer batch index. */
@@ -520,7 +771,8 @@ matmul_run(mm_problem *p, const mm_batching *bt, const cl_mm_key *key, DeviceArr
     return 0;
 }
 
-/* The product into `target`: nothing for an empty result, zeros for K = 0. */
+/* The product into `target`: nothing for an empty result, zeros for K = 0,
+ * through padded buffers where pad_wanted says so. */
 static int
 matmul_compute(mm_problem *p, DeviceArray *target)
 {
@@ -538,12 +790,19 @@ matmul_compute(mm_problem *p, DeviceArray *target)
                                                 p->op.stream));
         return 0;
     }
-    mm_batching bt;
-    cl_mm_key key;
-    if (matmul_plan(p, target, &bt, &key) < 0) {
+    int64_t n = p->N;
+    DeviceArray *padded = NULL;
+    if (pad_wanted(p) && matmul_pad(p, &padded) < 0) {
         return -1;
     }
-    return matmul_run(p, &bt, &key, target);
+    DeviceArray *gemm_target = padded != NULL ? padded : target;
+    mm_batching bt;
+    cl_mm_key key;
+    int rc = (matmul_plan(p, gemm_target, &bt, &key) < 0 ||
+              matmul_run(p, &bt, &key, gemm_target) < 0 ||
+              (padded != NULL && result_unpad(p, padded, target, n) < 0)) ? -1 : 0;
+    Py_XDECREF(padded);
+    return rc;
 fail:
     return -1;
 }
@@ -570,7 +829,8 @@ matmul_targets(mm_problem *p, DeviceArray **result, DeviceArray **target)
 }
 
 /* Close the op: the profiler's record (result NULL: it failed). Bytes: a, b
- * and the result once each; FLOPs: 2 M N K per matrix product. */
+ * and the result once each; FLOPs: 2 M N K per matrix product, of the
+ * logical shapes (padding's extra work is not counted). */
 static void
 matmul_end(mm_problem *p, DeviceArray *result)
 {
@@ -578,14 +838,10 @@ matmul_end(mm_problem *p, DeviceArray *result)
         cl_op_end(&p->op, (PyObject *)result, NULL);
         return;
     }
-    int64_t batch = 1;
-    for (int i = 0; i < p->nb; i++) {
-        batch *= p->bshape[i];
-    }
     cl_prof_info info = {
         .dtype = (int)p->dtype,
         .bytes = cl_prof_nbytes(p->a) + cl_prof_nbytes(p->b) + cl_prof_nbytes(result),
-        .flops = 2 * p->M * p->N * p->K * batch,
+        .flops = p->flops,
         .ninputs = 2,
         .inputs = {p->a, p->b},
         .out_ndim = p->rnd,
@@ -596,10 +852,10 @@ matmul_end(mm_problem *p, DeviceArray *result)
 
 static PyObject *
 do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyObject *out_obj,
-          PyObject *precision_obj)
+          PyObject *precision_obj, PyObject *pad_obj)
 {
     mm_problem p;
-    if (matmul_validate(&p, st, func, a_obj, b_obj, out_obj, precision_obj) < 0 ||
+    if (matmul_validate(&p, st, func, a_obj, b_obj, out_obj, precision_obj, pad_obj) < 0 ||
         cl_op_begin(&p.op) < 0) {
         return NULL;
     }
@@ -624,7 +880,7 @@ do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyOb
 /* ---- Python functions ------------------------------------------------------------------- */
 
 PyDoc_STRVAR(matmul_doc,
-"matmul(a, b, out=None, precision=None)\n--\n\n"
+"matmul(a, b, out=None, precision=None, pad=None)\n--\n\n"
 "Matrix product of two DeviceArrays, with np.matmul's semantics, on cuBLASLt.\n\n"
 "The last two axes are the matrices; leading (batch) axes broadcast against\n"
 "each other. A 1-D `a` is a row vector and a 1-D `b` a column vector; the\n"
@@ -642,23 +898,34 @@ PyDoc_STRVAR(matmul_doc,
 "    into (it may overlap the operands).\n"
 "precision : {'highest', 'high'}, optional\n"
 "    For float32 only: 'highest' computes in true fp32, 'high' lets the\n"
-"    tensor cores use TF32. Defaults to get_float32_matmul_precision().\n\n"
+"    tensor cores use TF32. Defaults to get_float32_matmul_precision().\n"
+"pad : {'auto', True, False}, optional\n"
+"    Padding of tensor-core products (float16, bfloat16, float32 under\n"
+"    'high') whose K or N is not a multiple of 16 bytes (8 half or 4 float\n"
+"    elements), where cuBLAS would fall back to slow kernels: the operands\n"
+"    are copied into zero-padded buffers with K and N rounded up, the\n"
+"    aligned product runs, and its first N columns are copied into the\n"
+"    result (zeros along K keep it exact). True pads every such product\n"
+"    with two matrix operands; 'auto' only when M, N and K are all >= 256\n"
+"    and M*N*K >= 2**30, where the copies cost little beside the GEMM;\n"
+"    False never. Other dtypes are never padded. Defaults to\n"
+"    get_matmul_padding().\n\n"
 "Returns\n-------\nDeviceArray\n    `out` if given, else a new C-contiguous array.\n\n"
 "Raises\n------\n"
 "TypeError\n    Non-DeviceArray operands, unsupported or mixed dtypes.\n"
-"ValueError\n    Mismatched shapes, a bad `out` or `precision`.\n"
+"ValueError\n    Mismatched shapes, a bad `out`, `precision` or `pad`.\n"
 "CublasError\n    A cuBLAS/cuBLASLt call failed.");
 
 static PyObject *
 matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", "b", "out", "precision", NULL};
+    static const char *const names[] = {"a", "b", "out", "precision", "pad", NULL};
     cl_state *st = cl_state_from_module(module);
-    PyObject *argv[4];
+    PyObject *argv[5];
     if (cl_parse_args("matmul", args, nargs, kwnames, names, 2, argv) < 0) {
         return NULL;
     }
-    return do_matmul(st, "matmul", argv[0], argv[1], argv[2], argv[3]);
+    return do_matmul(st, "matmul", argv[0], argv[1], argv[2], argv[3], argv[4]);
 }
 
 PyDoc_STRVAR(set_float32_matmul_precision_doc,
@@ -695,6 +962,45 @@ static PyObject *
 get_float32_matmul_precision(PyObject *module, PyObject *unused)
 {
     return PyUnicode_FromString(precision_names[atomic_load(&float32_precision)]);
+}
+
+PyDoc_STRVAR(set_matmul_padding_doc,
+"set_matmul_padding(mode)\n--\n\n"
+"Choose, for the whole process, when matmul pads misaligned tensor-core\n"
+"products (see matmul's `pad`).\n\n"
+"Parameters\n----------\n"
+"mode : {'auto', True, False}\n"
+"    'auto' (the default): only where the padding copies cost little beside\n"
+"    the GEMM (M, N, K >= 256 and M*N*K >= 2**30). True: every tensor-core\n"
+"    product whose K or N is not a multiple of 16 bytes. False: never. A\n"
+"    matmul's own `pad` argument overrides this setting for that call.");
+
+static PyObject *
+set_matmul_padding(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"mode", NULL};
+    PyObject *argv[1];
+    int mode;
+    if (cl_parse_args("set_matmul_padding", args, nargs, kwnames, names, 1, argv) < 0 ||
+        parse_pad(argv[0], "set_matmul_padding", "mode", &mode) < 0) {
+        return NULL;
+    }
+    atomic_store(&matmul_padding, mode);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(get_matmul_padding_doc,
+"get_matmul_padding()\n--\n\n"
+"The process-wide matmul padding mode: 'auto' (the default), True or False.");
+
+static PyObject *
+get_matmul_padding(PyObject *module, PyObject *unused)
+{
+    int mode = atomic_load(&matmul_padding);
+    if (mode == PAD_AUTO) {
+        return PyUnicode_FromString("auto");
+    }
+    return PyBool_FromLong(mode == PAD_ON);
 }
 
 PyDoc_STRVAR(_set_matmul_backend_doc,
@@ -742,6 +1048,8 @@ PyMethodDef cl_blas_methods[] = {
     CL_FASTCALL(set_float32_matmul_precision),
     {"get_float32_matmul_precision", get_float32_matmul_precision, METH_NOARGS,
      get_float32_matmul_precision_doc},
+    CL_FASTCALL(set_matmul_padding),
+    {"get_matmul_padding", get_matmul_padding, METH_NOARGS, get_matmul_padding_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -767,5 +1075,5 @@ cl_nb_matrix_multiply(PyObject *a, PyObject *b)
     if (!CL_IS_DEVICEARRAY(st, a) || !CL_IS_DEVICEARRAY(st, b)) {
         Py_RETURN_NOTIMPLEMENTED;
     }
-    return do_matmul(st, "matmul", a, b, NULL, NULL);
+    return do_matmul(st, "matmul", a, b, NULL, NULL, NULL);
 }

@@ -146,9 +146,12 @@ def matmul(
     b: DeviceArray,
     out: DeviceArray | None = None,
     precision: str | None = None,  # "highest" | "high"; None: the process-wide setting
+    pad: str | bool | None = None,  # "auto" | True | False; None: the process-wide setting
 ) -> DeviceArray: ...
 def set_float32_matmul_precision(precision: str) -> None: ...  # "highest" | "high"
 def get_float32_matmul_precision() -> str: ...  # "highest" (default) | "high" (TF32)
+def set_matmul_padding(mode: str | bool) -> None: ...  # "auto" | True | False
+def get_matmul_padding() -> str | bool: ...  # "auto" (default) | True | False
 def _set_matmul_backend(dtype: _DTypeLike, backend: str) -> str: ...  # "lt" | "cublas"; the previous
 
 # ---- transpose and device random numbers (csrc/ops/transpose.c, random.c) ----
