@@ -66,6 +66,18 @@ def test_claim_verdicts():
     assert not common.within_factor(-1.0, 10.0) and not common.within_factor(None, 10.0)
 
 
+def test_claim_helpers_record_verdict_and_reason():
+    r = _recorder("transfers")
+    common.claim_at_least(r, "fast", 100.0, 60.0, "x", "60x here")
+    common.claim_at_least(r, "fast", 100.0, 40.0, "x", "40x here")
+    common.claim_within(r, "latency", 10.0, 25.0, "us", "25 us here")
+    common.claim_within(r, "latency", 10.0, 35.0, "us", "35 us here")
+    assert [c.held for c in r.claims] == [True, False, True, False]
+    assert r.claims[0].why == "60x here; holds from 50x"
+    assert r.claims[2].why == "25 us here; holds within 3x of 10 us"
+    assert r.claims[1].measured == 40.0 and r.claims[1].tutorial == 100.0
+
+
 def test_first_at_least_finds_the_crossing_for_good():
     xs = [256, 512, 1024, 2048]
     assert common.first_at_least(xs, [2.0, 12.0, 30.0, 80.0], 10.0) == 512
@@ -160,7 +172,8 @@ def test_fp64_verdict_from_rates():
     full, text = dtypes.fp64_verdict(0.9, (8, 0))
     assert full and "about as fast as" in text
     full, text = dtypes.fp64_verdict(0.5, (7, 0))  # V100: half rate, no DMMA
-    assert full and "full-rate fp64 units" in text
+    assert full and "full-rate fp64 units" in text and "at a good fraction of" in text
+    assert "about as fast as" in dtypes.fp64_verdict(1.05, (9, 0))[1]  # noise, not "faster"
     # T4-like: 1/32.
     full, text = dtypes.fp64_verdict(1 / 32, (7, 5))
     assert not full and "1/32" in text
@@ -181,7 +194,7 @@ def _recorder(name):
 
 
 def test_dtypes_findings_and_claims_from_given_rates():
-    rate = {"float64": 55.0, "float32": 50.0, "tf32": 380.0, "float16": 700.0, "bfloat16": 710.0}
+    rate = {"float64": 60.0, "float32": 50.0, "tf32": 380.0, "float16": 700.0, "bfloat16": 710.0}
     err = {"float64": 1e-16, "float32": 2e-7, "tf32": 4e-4, "float16": 5e-4, "bfloat16": 4e-3}
     r = _recorder("dtypes")
     for d in rate:
@@ -218,7 +231,8 @@ def test_transfers_claims_from_given_numbers():
     with mock.patch.object(transfers, "ceiling", lambda name: mock.Mock(value=50e9)):
         transfers._findings(r, 1000, fits, sizes)
     assert r.findings[0].value == pytest.approx(50.0)
-    assert "40% of the pinned ceiling" in r.findings[1].text and "holds within 5%" in r.findings[1].text
+    assert "40% of the pinned ceiling" in r.findings[1].text
+    assert "holds within 5%" in r.findings[1].text
     assert "misses a point by 40%" in r.findings[2].text
     assert [c.held for c in r.claims] == [True, True]  # 9 us ~ 10 us; 50x >= 37.6x
     r2 = _recorder("transfers")

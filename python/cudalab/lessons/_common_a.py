@@ -91,3 +91,19 @@ def fit_latency_bandwidth(nbytes: Sequence[float], seconds: Sequence[float]
     bandwidth = 1.0 / per_byte if per_byte > 0 else math.inf
     residual = float(np.max(np.abs(latency + per_byte * x - t) / t))
     return float(latency), float(bandwidth), residual
+
+
+def claim_at_least(r, claim: str, tutorial: float, measured: float | None, unit: str,
+                   detail: str) -> None:
+    """Record a speed-up claim on `r` (a LessonRun): held when `at_least_fraction`."""
+    r.claim(claim, tutorial=tutorial, measured=measured, unit=unit,
+            held=at_least_fraction(measured, tutorial),
+            why=f"{detail}; holds from {CLAIM_FRACTION * tutorial:.3g}{unit}")
+
+
+def claim_within(r, claim: str, tutorial: float, measured: float | None, unit: str,
+                 detail: str) -> None:
+    """Record a claim of an absolute figure on `r`: held when `within_factor`."""
+    r.claim(claim, tutorial=tutorial, measured=measured, unit=unit,
+            held=within_factor(measured, tutorial),
+            why=f"{detail}; holds within {CLAIM_FACTOR:g}x of {tutorial:.3g} {unit}")

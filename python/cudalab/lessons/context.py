@@ -26,7 +26,7 @@ from typing import Any
 import cudalab
 
 from ..bench import host_measurement
-from ._common_a import MIB, within_factor
+from ._common_a import MIB
 from .registry import LessonRun, lesson
 
 STAGES = ("context", "first op", "first matmul")

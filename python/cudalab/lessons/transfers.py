@@ -18,8 +18,8 @@ import numpy as np
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from ._common_a import (CLAIM_FACTOR, CLAIM_FRACTION, MIB, at_least_fraction,
-                        fit_latency_bandwidth, format_bytes_short, within_factor)
+from ._common_a import (MIB, claim_at_least, claim_within, fit_latency_bandwidth,
+                        format_bytes_short)
 from .registry import LessonRun, lesson
 
 DIRECTIONS = ("h2d", "d2h")
@@ -54,7 +54,8 @@ def _reduction(r: LessonRun, n: int, torch: Any) -> list[dict[str, Any]]:
     for name, t in times.items():
         m = r.add(host_measurement(t, calls=1, label=name, timer=REDUCTION_TIMER,
                                    host_time=False, metadata={"n": n}))
-        rows.append({"part": "reduction", "impl": "torch" if name.startswith("torch") else "cudalab",
+        impl = "torch" if name.startswith("torch") else "cudalab"
+        rows.append({"part": "reduction", "impl": impl,
                      "case": name, "nbytes": 4 * n * n, "ms": m.median * 1e3, "gbps": None,
                      "pct_ceiling": None, "fit_ms": None})
     return rows
@@ -114,16 +115,10 @@ def _findings(r: LessonRun, n: int, fits: dict[str, tuple], sizes: list[int]) ->
                   f"{format_bytes_short(max(latency * bandwidth, 0.0))} a copy is mostly "
                   f"latency; {quality}", value=bandwidth / 1e9, unit="GB/s", labels=labels)
     latency_us = fits["h2d"][0] * 1e6
-    r.claim("each transfer costs ~10 us of latency", tutorial=TUTORIAL_LATENCY_US,
-            measured=latency_us, unit="us",
-            held=within_factor(latency_us, TUTORIAL_LATENCY_US),
-            why=f"fitted pageable h2d latency {latency_us:.1f} us; holds within "
-                f"{CLAIM_FACTOR:g}x")
-    r.claim("keeping a reduction on the GPU is ~75x faster than going through the host",
-            tutorial=TUTORIAL_REDUCTION_SPEEDUP, measured=ratio, unit="x",
-            held=at_least_fraction(ratio, TUTORIAL_REDUCTION_SPEEDUP),
-            why=f"{ratio:.1f}x for {n}x{n} float32; holds from "
-                f"{CLAIM_FRACTION * TUTORIAL_REDUCTION_SPEEDUP:.0f}x")
+    claim_within(r, "each transfer costs ~10 us of latency", TUTORIAL_LATENCY_US, latency_us,
+                 "us", f"fitted pageable h2d latency {latency_us:.1f} us")
+    claim_at_least(r, "keeping a reduction on the GPU is ~75x faster than going through the host",
+                   TUTORIAL_REDUCTION_SPEEDUP, ratio, "x", f"{ratio:.1f}x for {n}x{n} float32")
 
 
 @lesson(3, "transfers", title="Host round trips: latency plus PCIe bandwidth",
