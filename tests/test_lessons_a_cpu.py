@@ -267,3 +267,38 @@ def test_plots_draw_from_rows():
         ax = mock.MagicMock()
         lessons.get(name).plot(_result(name, rows), ax)
         assert ax.set_ylabel.called, name
+
+
+# ---- lesson 0's process protocol, with a stand-in child (no GPU) -------------------------
+
+FAKE_CHILD = r"""
+import json, sys
+for i, stage in enumerate(("context", "first op", "first matmul")):
+    print(json.dumps({"stage": stage, "seconds": 0.01, "free": 100 - i, "total": 200,
+                      "allocated": 0, "reserved": 0, "import_s": 0.0, "value": None,
+                      "argv": sys.argv[1:]}), flush=True)
+    assert sys.stdin.readline() == "\n"
+"""
+
+
+def _fake_driver(monkeypatch, child):
+    import cudalab
+    readings = iter(range(1000, 0, -1))
+    monkeypatch.setattr(context, "CHILD", child)
+    monkeypatch.setattr(context, "cudalab", mock.Mock(
+        __file__=cudalab.__file__, mem_get_info=lambda device: (next(readings), 2000)))
+
+
+def test_run_child_reads_each_stage_while_the_child_waits(monkeypatch):
+    _fake_driver(monkeypatch, FAKE_CHILD)
+    run = context.run_child("cudalab", 0)
+    assert run["baseline_free"] == 1000 and run["after_free"] == 996
+    assert [s["stage"] for s in run["stages"]] == list(context.STAGES)
+    assert [s["outside_free"] for s in run["stages"]] == [999, 998, 997]
+    assert run["stages"][0]["argv"] == ["cudalab", "0"] and run["wall_s"] > 0
+
+
+def test_run_child_reports_a_child_that_dies(monkeypatch):
+    _fake_driver(monkeypatch, "import sys; sys.stderr.write('no CUDA here' * 10000); sys.exit(3)")
+    with pytest.raises(RuntimeError, match="torch child process ended early:\n.*no CUDA here"):
+        context.run_child("torch", 0)

@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -111,12 +112,14 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _read_stage(proc: subprocess.Popen, impl: str) -> dict[str, Any]:
+def _read_stage(proc: subprocess.Popen, impl: str, errors: Any) -> dict[str, Any]:
     line = proc.stdout.readline()
     if not line:
         proc.kill()
-        err = proc.stderr.read()[-2000:]
-        raise RuntimeError(f"lesson 'context': the {impl} child process ended early:\n{err}")
+        proc.wait()
+        errors.seek(0)
+        text = errors.read()[-2000:]
+        raise RuntimeError(f"lesson 'context': the {impl} child process ended early:\n{text}")
     return json.loads(line)
 
 
@@ -128,15 +131,25 @@ def run_child(impl: str, device: int) -> dict[str, Any]:
     waited there), the free memory before it started and after it ended, and
     its wall time from spawn to exit.
     """
-    baseline = cudalab.mem_get_info(device)[0]
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, impl, str(device)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_child_env())
+    # The child's stderr goes to a file: a chatty child cannot fill a pipe and stall.
+    with tempfile.TemporaryFile("w+") as errors:
+        baseline = cudalab.mem_get_info(device)[0]
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, impl, str(device)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                text=True, env=_child_env())
+        stages = _stages(proc, impl, device, errors)
+        wall = time.perf_counter() - start
+    return {"impl": impl, "baseline_free": baseline, "stages": stages, "wall_s": wall,
+            "after_free": cudalab.mem_get_info(device)[0]}
+
+
+def _stages(proc: subprocess.Popen, impl: str, device: int, errors: Any) -> list[dict[str, Any]]:
+    """Read the child's stages, taking the driver's free memory at each; wait for its exit."""
     stages = []
     try:
         for _ in STAGES:
-            record = _read_stage(proc, impl)
+            record = _read_stage(proc, impl, errors)
             record["outside_free"] = cudalab.mem_get_info(device)[0]
             stages.append(record)
             proc.stdin.write("\n")
@@ -146,11 +159,9 @@ def run_child(impl: str, device: int) -> dict[str, Any]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            pipe.close()
-    wall = time.perf_counter() - start
-    return {"impl": impl, "baseline_free": baseline, "stages": stages, "wall_s": wall,
-            "after_free": cudalab.mem_get_info(device)[0]}
+        proc.stdin.close()
+        proc.stdout.close()
+    return stages
 
 
 def stage_rows(run: dict[str, Any], index: int) -> list[dict[str, Any]]:
@@ -238,7 +249,8 @@ def _findings(r: LessonRun, rows: list[dict[str, Any]], impls: list[str]) -> Non
               f"{ours['context']:.0f} MiB for the CUDA context, {ours['first op']:.0f} MiB more "
               f"after the first op (its kernels, the pool's first block) and "
               f"{ours['first matmul']:.0f} MiB after the first matmul (cuBLAS handle and "
-              f"workspace); memory_allocated() then reports {alloc * MIB:.0f} bytes",
+              f"workspace); memory_allocated() after the first op reports {alloc * MIB:.0f} bytes "
+              f"(its own array)",
               value=total, unit="MiB", labels=("context (cudalab)", "first matmul (cudalab)"))
     r.finding(f"Creating the context took {ctx_ms:.0f} ms, the first op "
               f"{r.measurements['first op (cudalab)'].median * 1e3:.1f} ms and the first matmul "
