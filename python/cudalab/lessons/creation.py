@@ -66,15 +66,17 @@ def _cases(n: int, rng: np.random.Generator, host: np.ndarray,
              "host normal": lambda: rng.standard_normal((n, n), dtype=np.float32),
              "copy": copy, "device normal": device}
     if torch is not None:
+        target = f"cuda:{cudalab.current_device()}"
+
         def torch_host() -> None:
-            torch.randn(n, n).cuda()
-            torch.cuda.synchronize()
+            torch.randn(n, n).to(target)
+            torch.cuda.synchronize(target)
 
         def torch_device() -> None:
-            torch.randn(n, n, device="cuda")
-            torch.cuda.synchronize()
+            torch.randn(n, n, device=target)
+            torch.cuda.synchronize(target)
 
-        cases["torch host randn + .cuda()"] = torch_host
+        cases["torch host randn + .to(cuda)"] = torch_host
         cases["torch randn on device"] = torch_device
     return cases
 
@@ -96,7 +98,7 @@ def _size_rows(r: LessonRun, n: int, h2d: float) -> list[dict[str, Any]]:
              "ratio": host_total / device, "copy_gbps": copy_gbps,
              "pct_h2d_ceiling": 100.0 * copy_gbps * 1e9 / h2d, "gen_gbps": gen.gbps,
              "pct_copy_ceiling": gen.percent_of_ceiling}]
-    torch_host = _ms(r, f"torch host randn + .cuda() {n}")
+    torch_host = _ms(r, f"torch host randn + .to(cuda) {n}")
     if torch_host is not None:
         torch_device = _ms(r, f"torch randn on device {n}")
         rows.append({**{k: None for k in rows[0]}, "impl": "torch", "n": n, "mib": nbytes / MIB,
