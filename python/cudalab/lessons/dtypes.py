@@ -1,0 +1,203 @@
+"""Lesson 2 `dtypes`: what a matmul's dtype buys in speed and costs in accuracy.
+
+The same n x n product in float64, float32, TF32 (float32 storage, tensor-core
+math with a 10-bit mantissa), float16 and bfloat16: TFLOP/s, the fraction of
+the datasheet peak and of the measured ceiling, and the error against a
+float64 NumPy product of the same inputs. Which dtype is fast depends on the
+GPU: consumer and inference parts run float64 at 1/32 or 1/64 of float32,
+while A100 and H100 have FP64 tensor cores that run it about as fast as (or
+faster than) float32. The lesson says which from its own numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import cudalab
+
+from ._common_a import claim_at_least
+from .registry import LessonRun, lesson
+
+# fp64 at this fraction of the fp32 rate or more: full-rate fp64 (FP64 tensor
+# cores on cc 8.0/9.0, half-rate units on V100); consumer parts sit at 1/32-1/64.
+FP64_LIKE_FP32 = 0.5
+# Within these bounds of fp32's rate, fp64 is "about as fast"; above, "faster"
+# (timing noise is a few percent, DMMA on H100 beats FMA fp32 by ~20%).
+FP64_ABOUT_LOW, FP64_ABOUT_HIGH = 0.8, 1.1
+# Storage bytes per element, and the key of each dtype in peak_flops.
+ITEMSIZE = {"float64": 8, "float32": 4, "tf32": 4, "float16": 2, "bfloat16": 2}
+PEAK_KEY = {"tf32": "tfloat32"}
+# Largest relative error (max |C - ref| / max |ref|) a correct product of
+# random normal inputs stays under: a few units of the dtype's rounding
+# (inputs and output rounded; tf32 rounds inputs to 10 mantissa bits).
+TOLERANCE = {"float64": 1e-12, "float32": 1e-4, "tf32": 1e-2, "float16": 1e-2,
+             "bfloat16": 5e-2}
+# The tutorial's T4 figures at 2048 (times include generating the inputs):
+# float32 15.63x float64, float16 62.09x float64; and its "16x cliff"
+# (312 vs 19.5 TFLOP/s) for float16 tensor cores over float32.
+TUTORIAL_FP32_OVER_FP64 = 15.63
+TUTORIAL_FP16_OVER_FP64 = 62.09
+TUTORIAL_FP16_OVER_FP32 = 16.0
+
+
+def storage(dtype: str) -> str:
+    """storage(dtype) -> str: the array dtype (float32 for tf32)."""
+    return "float32" if dtype == "tf32" else dtype
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """relative_error(got, want) -> float: max |got - want| / max |want|."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    scale = float(np.max(np.abs(want)))
+    return float(np.max(np.abs(got - want))) / (scale if scale > 0 else 1.0)
+
+
+def fp64_verdict(ratio: float, capability: tuple[int, int]) -> tuple[bool, str]:
+    """fp64_verdict(ratio, capability) -> (full_rate, text)
+
+    What the fp64 / fp32 rate ratio says about the GPU's fp64 units.
+    """
+    if ratio >= FP64_LIKE_FP32:
+        units = ("FP64 tensor cores (DMMA)" if tuple(capability) in ((8, 0), (9, 0))
+                 else "full-rate fp64 units")
+        speed = ("faster than" if ratio > FP64_ABOUT_HIGH else
+                 "about as fast as" if ratio >= FP64_ABOUT_LOW else "at a good fraction of")
+        return True, (f"float64 runs {speed} float32 ({ratio:.2f}x its rate): this GPU "
+                      f"(cc {capability[0]}.{capability[1]}) has {units}, so float64 costs "
+                      f"memory, not speed")
+    return False, (f"float64 runs at 1/{1 / ratio:.0f} of the float32 rate: this GPU "
+                   f"(cc {capability[0]}.{capability[1]}) has few fp64 units; use float32 "
+                   f"unless the precision is needed")
+
+
+def _set_precision(dtype: str) -> None:
+    if storage(dtype) == "float32":
+        cudalab.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+
+
+def _torch_matmul(r: LessonRun, torch: Any, dtype: str, a: Any, b: Any, flops: float) -> Any:
+    ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
+    tout = torch.empty_like(ta)
+    flags = torch.backends.cuda.matmul
+    previous = flags.allow_tf32
+    flags.allow_tf32 = dtype == "tf32"
+    try:
+        return r.measure(f"torch matmul {dtype}", lambda: torch.mm(ta, tb, out=tout),
+                         flops=flops, ceiling=f"matmul_{dtype}")
+    finally:
+        flags.allow_tf32 = previous
+
+
+def _one_dtype(r: LessonRun, dtype: str, a64: Any, b64: Any, ref: np.ndarray, peaks: dict,
+               torch: Any) -> list[dict[str, Any]]:
+    n, k = a64.shape[0], ref.shape[0]
+    flops = 2.0 * n ** 3
+    a, b = a64.astype(storage(dtype)), b64.astype(storage(dtype))
+    out = cudalab.empty((n, n), dtype=storage(dtype))
+    r.check(f"{dtype} stores {ITEMSIZE[dtype]} bytes per element",
+            abs(a.nbytes - n * n * ITEMSIZE[dtype]), 0)
+    _set_precision(dtype)
+    m = r.measure(f"matmul {dtype}", lambda: cudalab.matmul(a, b, out=out), flops=flops,
+                  ceiling=f"matmul_{dtype}", metadata={"n": n, "dtype": dtype})
+    cudalab.matmul(a, b, out=out)
+    err = relative_error(out[:k].astype("float64").get(), ref)
+    r.check(f"{dtype} matmul vs NumPy float64 (first {k} rows, max |err| / max |ref|)", err,
+            TOLERANCE[dtype])
+    peak = peaks.get(PEAK_KEY.get(dtype, dtype))
+    rows = [{"impl": "cudalab", "dtype": dtype, "bytes_per_element": ITEMSIZE[dtype],
+             "ms": m.median * 1e3, "tflops": m.tflops,
+             "pct_peak": None if not peak else 100.0 * m.tflops * 1e12 / peak,
+             "pct_ceiling": m.percent_of_ceiling, "rel_err": err}]
+    if torch is not None:
+        t = _torch_matmul(r, torch, dtype, a, b, flops)
+        rows.append({**rows[0], "impl": "torch", "ms": t.median * 1e3, "tflops": t.tflops,
+                     "pct_peak": None if not peak else 100.0 * t.tflops * 1e12 / peak,
+                     "pct_ceiling": t.percent_of_ceiling, "rel_err": None})
+    return rows
+
+
+def _findings(r: LessonRun, rate: dict[str, float], err: dict[str, float],
+              capability: tuple[int, int]) -> None:
+    if "float64" in rate and "float32" in rate:
+        ratio = rate["float64"] / rate["float32"]
+        _, text = fp64_verdict(ratio, capability)
+        r.finding(text[0].upper() + text[1:], value=ratio, unit="x",
+                  labels=("matmul float64", "matmul float32"))
+    best = max(rate, key=rate.get)
+    base = rate.get("float32")
+    r.finding(f"The fastest dtype here is {best} at {rate[best]:.1f} TFLOP/s"
+              + (f", {rate[best] / base:.1f}x true float32" if base else ""),
+              value=rate[best], unit="TFLOP/s", labels=(f"matmul {best}",))
+    if "tf32" in rate and base:
+        r.finding(f"TF32 runs {rate['tf32'] / base:.1f}x true float32 on the same float32 arrays; "
+                  f"its error grows from {err['float32']:.1e} to {err['tf32']:.1e} (10-bit "
+                  f"mantissa inputs)", value=rate["tf32"] / base, unit="x",
+                  labels=("matmul tf32", "matmul float32"))
+    if "float16" in err and "bfloat16" in err:
+        ratio = err["bfloat16"] / err["float16"]
+        r.finding(f"bfloat16's error ({err['bfloat16']:.1e}) is {ratio:.1f}x "
+                  f"float16's ({err['float16']:.1e}): 8 mantissa bits against 11, traded for "
+                  f"float32's range", value=ratio, unit="x",
+                  labels=("matmul bfloat16", "matmul float16"))
+
+
+def _claims(r: LessonRun, rate: dict[str, float]) -> None:
+    for fast, slow, tutorial, text in (
+            ("float32", "float64", TUTORIAL_FP32_OVER_FP64,
+             "float32 matmul is ~15.6x faster than float64 (T4, n=2048)"),
+            ("float16", "float64", TUTORIAL_FP16_OVER_FP64,
+             "float16 matmul is ~62x faster than float64 (T4, n=2048)"),
+            ("float16", "float32", TUTORIAL_FP16_OVER_FP32,
+             "float16 tensor cores are a ~16x cliff over float32 (312 vs 19.5 TFLOP/s)")):
+        if fast in rate and slow in rate:
+            x = rate[fast] / rate[slow]
+            claim_at_least(r, text, tutorial, x, "x", f"{fast} at {x:.1f}x {slow} here")
+
+
+@lesson(2, "dtypes", title="Matmul speed and accuracy per dtype",
+        seed="Colab notebook lesson 2 (data type optimization, tensor cores)",
+        params={"size": 8192, "ref_rows": 64,
+                "dtypes": ("float64", "float32", "tf32", "float16", "bfloat16")},
+        quick_params={"size": 2048})
+def run(r: LessonRun) -> None:
+    p = r.params
+    n = int(p["size"])
+    k = min(int(p["ref_rows"]), n)
+    a64 = cudalab.random.normal((n, n), dtype="float64", seed=1)  # never zeros
+    b64 = cudalab.random.normal((n, n), dtype="float64", seed=2)
+    ref = a64[:k].get() @ b64.get()
+    props = cudalab.get_device_properties()
+    torch = r.torch()
+    previous = cudalab.get_float32_matmul_precision()
+    rows = []
+    try:
+        for dtype in p["dtypes"]:
+            rows += _one_dtype(r, dtype, a64, b64, ref, props.peak_flops, torch)
+    finally:
+        cudalab.set_float32_matmul_precision(previous)
+    for row in rows:
+        r.row(**row)
+    ours = [x for x in rows if x["impl"] == "cudalab"]
+    _findings(r, {x["dtype"]: x["tflops"] for x in ours}, {x["dtype"]: x["rel_err"] for x in ours},
+              props.compute_capability)
+    _claims(r, {x["dtype"]: x["tflops"] for x in ours})
+
+
+@run.plot
+def plot(result, ax) -> None:
+    dtypes = [x["dtype"] for x in result.rows if x["impl"] == "cudalab"]
+    impls = [i for i in ("cudalab", "torch") if any(x["impl"] == i for x in result.rows)]
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        rate = {x["dtype"]: x["tflops"] for x in result.rows if x["impl"] == impl}
+        ax.bar([i + j * width for i in range(len(dtypes))], [rate.get(d, 0.0) for d in dtypes],
+               width=width, label=impl)
+    errors = {x["dtype"]: x["rel_err"] for x in result.rows if x["impl"] == "cudalab"}
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(dtypes))])
+    ax.set_xticklabels([f"{d}\nerr {errors[d]:.0e}" for d in dtypes], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("matmul TFLOP/s")
+    ax.legend(fontsize=8)
