@@ -1,0 +1,79 @@
+"""Pure logic of lessons 8-10 and 15 (profiling, cpu_vs_gpu, memory, timing), without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudalab.lessons import profiling
+
+ELEMENTWISE = frozenset({"add", "sub", "mul", "relu", "where"})
+
+
+# ---- profiling ----------------------------------------------------------------------
+
+
+def _loss(ops, args):
+    return float(profiling.mlp_step(ops, *args)[0])
+
+
+def test_mlp_step_gradients_match_finite_differences():
+    rng = np.random.default_rng(1)
+    args = [a.astype(np.float64) for a in profiling.mlp_inputs(rng, 7, 5, 9, 3)]
+    ops = profiling.numpy_ops()
+    _, grads, _ = profiling.mlp_step(ops, *args)
+    eps = 1e-6
+    for index, grad in zip((2, 3, 4, 5), grads):  # w1, b1, w2, b2
+        param = args[index]
+        assert grad.shape == param.shape
+        for flat in rng.choice(param.size, size=min(6, param.size), replace=False):
+            pos = np.unravel_index(flat, param.shape)
+            saved = param[pos]
+            param[pos] = saved + eps
+            up = _loss(ops, args)
+            param[pos] = saved - eps
+            down = _loss(ops, args)
+            param[pos] = saved
+            assert grad[pos] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
+
+
+def test_mlp_step_relu_mask_blocks_gradient():
+    rng = np.random.default_rng(2)
+    args = [a.astype(np.float64) for a in profiling.mlp_inputs(rng, 4, 3, 6, 2)]
+    args[3][:] = -100.0  # every hidden unit off: no gradient reaches layer 1
+    _, (dw1, db1, dw2, _), h = profiling.mlp_step(profiling.numpy_ops(), *args)
+    assert not h.any() and not dw1.any() and not db1.any() and not dw2.any()
+
+
+def test_step_flops_counts_six_matmuls():
+    b, i, h, o = 3, 5, 7, 11
+    assert profiling.step_flops(b, i, h, o) == 2 * (b * i * h + b * h * o + h * b * o
+                                                    + b * o * h + i * b * h)
+
+
+def test_op_category():
+    assert profiling.op_category("matmul", ELEMENTWISE) == "gemm"
+    assert profiling.op_category("relu", ELEMENTWISE) == "element-wise"
+    assert profiling.op_category("sum", ELEMENTWISE) == "reduction"
+    assert profiling.op_category("copy", ELEMENTWISE) == "other"
+
+
+def test_category_shares_sum_to_one_and_split_by_kind():
+    shares = profiling.category_shares({"matmul": 600, "add": 200, "relu": 100, "sum": 100},
+                                       ELEMENTWISE)
+    assert shares == pytest.approx({"gemm": 0.6, "element-wise": 0.3, "reduction": 0.1,
+                                    "other": 0.0})
+    assert profiling.category_shares({}, ELEMENTWISE)["gemm"] == 0.0
+
+
+def test_bottleneck_text_follows_the_threshold():
+    t = profiling.GEMM_DOMINATES
+    assert profiling.bottleneck_text({"gemm": t + 0.01}).startswith("GEMMs dominate")
+    assert profiling.bottleneck_text({"gemm": t - 0.01}).startswith("GEMMs take only")
+
+
+def test_trace_counts():
+    doc = {"traceEvents": [{"ph": "M", "name": "process_name"},
+                           {"ph": "X", "cat": "op"}, {"ph": "X", "cat": "op"},
+                           {"ph": "X", "cat": "gpu_op"}, {"ph": "X", "cat": "range"}]}
+    assert profiling.trace_counts(doc) == (2, 1)
