@@ -77,3 +77,43 @@ def test_trace_counts():
                            {"ph": "X", "cat": "op"}, {"ph": "X", "cat": "op"},
                            {"ph": "X", "cat": "gpu_op"}, {"ph": "X", "cat": "range"}]}
     assert profiling.trace_counts(doc) == (2, 1)
+
+
+# ---- cpu_vs_gpu ---------------------------------------------------------------------
+
+from cudalab.lessons import cpu_vs_gpu  # noqa: E402
+
+
+def test_cpu_matmul_size_fits_the_target_time():
+    m = cpu_vs_gpu.SIZE_MULTIPLE
+    # 1 TFLOP/s for 1 s: n^3 = 5e11 -> 7937 -> 7936 (a multiple of 64)
+    assert cpu_vs_gpu.cpu_matmul_size(1e12, 8192, 1.0) == 7936
+    assert cpu_vs_gpu.cpu_matmul_size(1e15, 8192, 1.0) == 8192        # fast: the full size
+    assert cpu_vs_gpu.cpu_matmul_size(1e6, 8192, 1.0) == m            # slow: the floor
+    assert cpu_vs_gpu.cpu_matmul_size(1e15, 100, 1.0) == 100          # never above the size
+    n = cpu_vs_gpu.cpu_matmul_size(2e9, 8192, 0.5)                     # a float16-like rate
+    assert n % m == 0 and 2 * n ** 3 / 2e9 <= 0.5 < 2 * (n + m) ** 3 / 2e9
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        cpu_vs_gpu.cpu_matmul_size(0.0, 8192, 1.0)
+
+
+def test_cpu_repeats_fit_the_budget_within_bounds():
+    low = cpu_vs_gpu.MIN_CPU_REPEATS
+    assert cpu_vs_gpu.cpu_repeats(0.001, 100, 8.0) == 100     # cheap: all iterations
+    assert cpu_vs_gpu.cpu_repeats(0.5, 100, 8.0) == 16        # cut to the budget
+    assert cpu_vs_gpu.cpu_repeats(20.0, 100, 8.0) == low      # slow: the floor
+    assert cpu_vs_gpu.cpu_repeats(20.0, 2, 8.0) == 2          # never above iterations
+    assert cpu_vs_gpu.cpu_repeats(0.0, 5, 1.0) == 5
+
+
+@pytest.mark.parametrize("speedup, held, word", [(20.0, False, "below"), (50.0, True, "within"),
+                                                 (100.0, True, "within"),
+                                                 (400.0, True, "above")])
+def test_speedup_verdict(speedup, held, word):
+    got, why = cpu_vs_gpu.speedup_verdict(speedup)
+    assert got is held and word in why and f"{speedup:.0f}x" in why
+
+
+def test_cpu_threads_reports_a_count_and_its_source():
+    n, source = cpu_vs_gpu.cpu_threads()
+    assert isinstance(n, int) and n >= 1 and str(n) in source
