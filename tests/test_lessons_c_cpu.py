@@ -117,3 +117,102 @@ def test_speedup_verdict(speedup, held, word):
 def test_cpu_threads_reports_a_count_and_its_source():
     n, source = cpu_vs_gpu.cpu_threads()
     assert isinstance(n, int) and n >= 1 and str(n) in source
+
+
+# ---- memory -------------------------------------------------------------------------
+
+import cudalab  # noqa: E402
+from cudalab.lessons import memory  # noqa: E402
+
+
+class FakePool:
+    """Allocations against a byte limit; over it, OutOfMemoryError as cudalab raises it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used, self.peak, self.calls = limit, 0, 0, 0
+
+    def alloc(self, nbytes: int) -> int:
+        if self.used + nbytes > self.limit:
+            raise cudalab.OutOfMemoryError(f"fake: {nbytes} bytes over the limit")
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        return nbytes
+
+    def free(self, nbytes: int) -> None:
+        self.used -= nbytes
+
+    def ffn_step(self, rows: int, hidden: int) -> None:
+        """The lesson's step: x, h, g alive, h freed, y; everything freed at the end,
+        also when an allocation fails."""
+        self.calls += 1
+        held = []
+        try:
+            sizes = memory.ffn_bytes(rows, hidden)
+            held.append(self.alloc(sizes["x"]))
+            held.append(self.alloc(sizes["h"]))
+            held.append(self.alloc(sizes["g"]))
+            self.free(held.pop(1))
+            held.append(self.alloc(sizes["y"]))
+        finally:
+            for n in held:
+                self.free(n)
+
+
+@pytest.mark.parametrize("budget_mib", [1, 40, 256, 511, 4096])
+def test_bisection_on_a_fake_allocator_finds_the_models_batch(budget_mib):
+    seq, hidden = 16, 256
+    pool = FakePool(budget_mib << 20)
+    fits = lambda b: memory.try_step(lambda: pool.ffn_step(b * seq, hidden))  # noqa: E731
+    found, trials = memory.largest_fitting(fits)
+    assert found == memory.predicted_largest_batch(budget_mib << 20, seq, hidden)
+    assert pool.used == 0  # every OOM left the pool as it was
+    assert len(trials) == pool.calls
+    assert all(ok == (n <= found) for n, ok in trials)
+    if found:
+        pool.peak = 0
+        pool.ffn_step(found * seq, hidden)
+        assert pool.peak == memory.ffn_peak_bytes(found * seq, hidden)
+
+
+def test_largest_fitting_edges():
+    assert memory.largest_fitting(lambda n: False) == (0, [(1, False)])
+    found, trials = memory.largest_fitting(lambda n: True, cap=100)
+    assert found == 100 and trials[-1] == (100, True)
+    found, trials = memory.largest_fitting(lambda n: n <= 37, start=8)
+    assert found == 37 and len(trials) <= 2 + 2 * 37 .bit_length()
+    found, _ = memory.largest_fitting(lambda n: n <= 5, start=8)  # start too big: bisect below
+    assert found == 5
+    with pytest.raises(ValueError, match="start <= cap"):
+        memory.largest_fitting(lambda n: True, start=0)
+
+
+def test_try_step_catches_only_out_of_memory():
+    def oom():
+        raise cudalab.OutOfMemoryError("no room")
+
+    assert memory.try_step(oom) is False
+    assert memory.try_step(lambda: 1) is True
+    with pytest.raises(ValueError):
+        memory.try_step(lambda: int("x"))
+
+
+def test_ffn_memory_model():
+    b = memory.ffn_bytes(10, 8)
+    assert b == {"x": 320, "h": 1280, "g": 1280, "y": 320}
+    assert memory.ffn_peak_bytes(10, 8) == 320 + 1280 + 1280  # x, h, g: h outweighs y
+    assert memory.predicted_largest_batch(2880 * 3 + 2879, 10, 8) == 3
+
+
+def test_linear_slope_and_limit_fraction():
+    assert memory.linear_slope([16, 32, 64], [5 + 2 * 16, 5 + 2 * 32, 5 + 2 * 64]) == 2
+    with pytest.raises(ValueError, match="two distinct"):
+        memory.linear_slope([4, 4], [1, 2])
+    assert memory.limit_fraction(100, 300, 1000) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="not below the device"):
+        memory.limit_fraction(900, 200, 1000)
+
+
+def test_release_share():
+    assert memory.release_share(1000, 100, 100) == 1.0
+    assert memory.release_share(1000, 550, 100) == pytest.approx(0.5)
+    assert memory.release_share(100, 100, 100) == 1.0  # nothing cached
