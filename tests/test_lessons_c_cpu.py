@@ -216,3 +216,27 @@ def test_release_share():
     assert memory.release_share(1000, 100, 100) == 1.0
     assert memory.release_share(1000, 550, 100) == pytest.approx(0.5)
     assert memory.release_share(100, 100, 100) == 1.0  # nothing cached
+
+
+# ---- timing -------------------------------------------------------------------------
+
+from cudalab.lessons import timing  # noqa: E402
+
+
+@pytest.mark.parametrize("ratio, words", [(0.001, "misses 100%"), (0.3, "misses 70%"),
+                                          (0.95, "agrees"), (1.08, "agrees"),
+                                          (1.5, "reads 50% high"), (0.7, "reads 30% low")])
+def test_timing_verdict(ratio, words):
+    assert words in timing.verdict(ratio)
+
+
+def test_timing_verdict_thresholds():
+    assert "misses" in timing.verdict(timing.MISLEADING_RATIO - 1e-9)
+    assert "misses" not in timing.verdict(timing.MISLEADING_RATIO)
+    assert "agrees" in timing.verdict(1 + timing.AGREES_WITHIN - 1e-9)
+    assert "agrees" not in timing.verdict(1 + timing.AGREES_WITHIN + 1e-6)
+
+
+def test_timing_rows_describe_every_method():
+    assert set(timing.WHAT) == {"host clock, no synchronize", "host clock + synchronize",
+                                "CUDA events", "loop, one synchronize", "cudalab.bench"}
