@@ -45,7 +45,7 @@ def test_mlp_step_relu_mask_blocks_gradient():
     assert not h.any() and not dw1.any() and not db1.any() and not dw2.any()
 
 
-def test_step_flops_counts_six_matmuls():
+def test_step_flops_counts_five_matmuls():
     b, i, h, o = 3, 5, 7, 11
     assert profiling.step_flops(b, i, h, o) == 2 * (b * i * h + b * h * o + h * b * o
                                                     + b * o * h + i * b * h)
@@ -240,3 +240,9 @@ def test_timing_verdict_thresholds():
 def test_timing_rows_describe_every_method():
     assert set(timing.WHAT) == {"host clock, no synchronize", "host clock + synchronize",
                                 "CUDA events", "loop, one synchronize", "cudalab.bench"}
+
+
+def test_times_text():
+    assert cpu_vs_gpu.times(340.4) == "340x"
+    assert cpu_vs_gpu.times(1.234) == "1.2x"
+    assert cpu_vs_gpu.times(0.357) == "0.36x"

@@ -61,15 +61,20 @@ def cpu_repeats(seconds_per_call: float, iterations: int, budget_s: float) -> in
     return max(1, min(iterations, max(MIN_CPU_REPEATS, fit)))
 
 
+def times(x: float) -> str:
+    """A ratio as text: '340x', '35x', '1.2x', '0.36x'."""
+    return f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
+
+
 def speedup_verdict(speedup: float, low: float = CLAIM_LOW,
                     high: float = CLAIM_HIGH) -> tuple[bool, str]:
     """Whether "the GPU is `low`-`high`x faster" holds, and how the measured value sits."""
     span = f"{low:.0f}-{high:.0f}x"
     if speedup < low:
-        return False, f"{speedup:.0f}x: below the claimed {span}"
+        return False, f"{times(speedup)}: below the claimed {span}"
     if speedup <= high:
-        return True, f"{speedup:.0f}x: within the claimed {span}"
-    return True, f"{speedup:.0f}x: above the claimed {span}; the claim understates this GPU"
+        return True, f"{times(speedup)}: within the claimed {span}"
+    return True, f"{times(speedup)}: above the claimed {span}; the claim understates this GPU"
 
 
 def cpu_threads() -> tuple[int, str]:
@@ -226,18 +231,21 @@ def _findings(r: LessonRun, threads: int, source: str) -> None:
         size = ("" if x["cpu_size"] == x["gpu_size"] else
                 f" (CPU at {x['cpu_size']}^2, GPU at {x['gpu_size']}^2)")
         r.finding(f"{dtype} matmul: GPU {x['gpu_gflops']:.0f} GFLOP/s vs CPU "
-                  f"{x['cpu_gflops']:.1f} GFLOP/s on {threads} threads: {x['speedup']:.0f}x"
+                  f"{x['cpu_gflops']:.1f} GFLOP/s on {threads} threads: {times(x['speedup'])}"
                   f"{size}", value=x["speedup"], unit="x",
                   labels=(f"matmul {dtype} gpu", f"matmul {dtype} cpu"))
     if "float16" in matmul and "float32" in matmul:
-        slow = matmul["float32"]["cpu_gflops"] / matmul["float16"]["cpu_gflops"]
-        r.finding(f"NumPy's float16 GEMM runs {slow:.0f}x slower than its float32 one "
-                  f"(no BLAS for half precision), while the GPU's float16 GEMM is the fastest",
-                  value=slow, unit="x", labels=("matmul float16 cpu", "matmul float32 cpu"))
+        h, f = matmul["float16"], matmul["float32"]
+        slow = f["cpu_gflops"] / h["cpu_gflops"]
+        r.finding(f"NumPy's float16 GEMM runs {times(slow)} slower than its float32 one (no BLAS "
+                  f"for half precision), while the GPU's float16 GEMM runs "
+                  f"{times(h['gpu_gflops'] / f['gpu_gflops'])} its float32 rate",
+                  value=slow, unit="x", labels=("matmul float16 cpu", "matmul float32 cpu",
+                                                "matmul float16 gpu", "matmul float32 gpu"))
     for x in r.rows:
         if x["op"] in ("add", "sum"):
             r.finding(f"{x['op']} (memory-bound): GPU {x['gpu_gbps']:.0f} GB/s vs CPU "
-                      f"{x['cpu_gbps']:.1f} GB/s: {x['speedup']:.0f}x, the ratio of memory "
+                      f"{x['cpu_gbps']:.1f} GB/s: {times(x['speedup'])}, the ratio of memory "
                       f"bandwidths rather than of FLOP rates", value=x["speedup"], unit="x",
                       labels=(f"{x['op']} gpu", f"{x['op']} cpu"))
     r.finding(f"CPU side: NumPy {np.__version__}, {source}", value=threads, unit="threads")

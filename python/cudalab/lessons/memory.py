@@ -315,9 +315,9 @@ def _findings(r: LessonRun, peaks: list, samples: list, cache: tuple, limit: tup
               f"baseline after '{top[0]}': x, h and g are alive together; h is freed before "
               f"y is allocated", value=_mib(top[1]), unit="MiB")
     before, after, gained = cache
-    r.finding(f"with only the weights alive the pool still held {_mib(before):.0f} MiB; "
+    r.finding(f"with only the weights alive the pool still held {_mib(before):.1f} MiB; "
               f"empty_cache() "
-              f"returned {_mib(before - after):.0f} MiB to the driver (its free memory rose by "
+              f"returned {_mib(before - after):.1f} MiB to the driver (its free memory rose by "
               f"{_mib(gained):.0f} MiB)", value=_mib(before - after), unit="MiB")
     found, model, trials, ooms = limit
     r.finding(f"under a limit of {p['limit_mib']} MiB above current use the largest batch that "

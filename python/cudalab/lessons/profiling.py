@@ -100,7 +100,7 @@ def mlp_inputs(rng: np.random.Generator, batch: int, d_in: int, hidden: int,
 
 
 def step_flops(batch: int, d_in: int, hidden: int, d_out: int) -> int:
-    """FLOPs of the step's six matmuls: two forward, four backward (dx of layer 1 is not needed)."""
+    """FLOPs of the step's five matmuls: two forward, three backward (no gradient for x)."""
     return 2 * (2 * batch * d_in * hidden + 3 * batch * hidden * d_out)
 
 
