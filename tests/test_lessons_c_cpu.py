@@ -246,3 +246,9 @@ def test_times_text():
     assert cpu_vs_gpu.times(340.4) == "340x"
     assert cpu_vs_gpu.times(1.234) == "1.2x"
     assert cpu_vs_gpu.times(0.357) == "0.36x"
+
+
+def test_profiling_hold_covers_the_enqueueing_and_is_capped():
+    assert profiling.hold_seconds(1e-3, 10) == pytest.approx(profiling.HOLD_MARGIN * 1e-2 + 1e-3)
+    assert profiling.hold_seconds(1.0, 100) == profiling.HOLD_MAX_S
+    assert profiling.hold_seconds(0.0, 10) == pytest.approx(1e-3)
