@@ -8,7 +8,10 @@ float16 GEMM has no BLAS behind it and would take hours at GPU sizes, so a
 CPU case that is slow gets a smaller matrix (chosen from a timed probe to fit
 a time budget), stated in the `cpu_size` column. The CPU is timed with the
 host clock, the GPU with CUDA events; the guide's "50-100x for matrix
-multiplication" is compared with what this machine measures.
+multiplication" is compared with what this machine measures. `iterations`
+caps the timed repeats on both sides: the GPU harness stops earlier once its
+median is stable, the CPU once `cpu_seconds` per case are spent (at least
+three calls); the repeats taken are in the rows.
 """
 
 from __future__ import annotations
