@@ -236,6 +236,30 @@ def _trace_findings(r: LessonRun, prof: Any, path: str) -> None:
               f"(open it in ui.perfetto.dev or chrome://tracing)", value=host_ops, unit="events")
 
 
+def _breakdown_findings(r: LessonRun, prof: Any, table: list, per_step: float,
+                        elementwise: frozenset[str]) -> Any:
+    """What the table says: the top op, the category shares, host vs GPU time per step."""
+    steps = r.params["steps"]
+    op_total_ns = sum(k.gpu_time_total_ns for k in table)
+    shares = category_shares({k.name: k.gpu_time_total_ns for k in table}, elementwise)
+    top = table[0]
+    r.finding(f"{top.name} is the top op ({100.0 * top.gpu_time_total_ns / op_total_ns:.1f}% of "
+              f"GPU time, {top.calls // steps} calls per step); GEMM {shares['gemm']:.1%}, "
+              f"element-wise {shares['element-wise']:.1%}, reductions {shares['reduction']:.1%}. "
+              + bottleneck_text(shares), value=100.0 * shares["gemm"], unit="%",
+              labels=("profiled steps",))
+
+    step_events = [e for e in prof.events() if e.kind == "range"]
+    host_s = sum(e.host_duration_ns for e in step_events) / max(len(step_events), 1) * 1e-9
+    bound = ("launch-bound: Python issues the ops slower than the GPU runs them"
+             if host_s > LAUNCH_BOUND_RATIO * per_step else
+             "GPU-bound: the host runs ahead and the GPU stays busy")
+    r.finding(f"issuing one profiled step takes {host_s * 1e3:.3f} ms on the host vs "
+              f"{per_step * 1e3:.3f} ms on the GPU: {bound}", value=host_s / per_step, unit="x",
+              labels=("profiled steps",))
+    return top
+
+
 @lesson(8, "profiling", title="Profiling an MLP training step",
         seed="Colab notebook lesson 8 (Performance Profiling; its example crashes in backward); "
              "optimization guide: PyTorch Profiler with CUDA",
@@ -279,22 +303,7 @@ def run(r: LessonRun) -> None:
     r.finding(f"cudalab.bench times the unprofiled step at {m.median * 1e3:.3f} ms, {x:.3f}x "
               f"the profiled one: {how}", value=x, unit="x", labels=("mlp step", "profiled steps"))
 
-    shares = category_shares({k.name: k.gpu_time_total_ns for k in table}, elementwise)
-    top = table[0]
-    r.finding(f"{top.name} is the top op ({100.0 * top.gpu_time_total_ns / op_total_ns:.1f}% of "
-              f"GPU time, {top.calls // steps} calls per step); GEMM {shares['gemm']:.1%}, "
-              f"element-wise {shares['element-wise']:.1%}, reductions {shares['reduction']:.1%}. "
-              + bottleneck_text(shares), value=100.0 * shares["gemm"], unit="%",
-              labels=("profiled steps",))
-
-    step_events = [e for e in prof.events() if e.kind == "range"]
-    host_s = sum(e.host_duration_ns for e in step_events) / max(len(step_events), 1) * 1e-9
-    bound = ("launch-bound: Python issues the ops slower than the GPU runs them"
-             if host_s > LAUNCH_BOUND_RATIO * per_step else
-             "GPU-bound: the host runs ahead and the GPU stays busy")
-    r.finding(f"issuing one profiled step takes {host_s * 1e3:.3f} ms on the host vs "
-              f"{per_step * 1e3:.3f} ms on the GPU: {bound}", value=host_s / per_step, unit="x",
-              labels=("profiled steps",))
+    top = _breakdown_findings(r, prof, table, per_step, elementwise)
     _trace_findings(r, prof, _trace_path(p))
 
     r.claim("the profiler shows which ops take the time (the tutorial's example crashed before "
