@@ -378,3 +378,14 @@ def test_markdown_names_the_device_and_every_result():
     assert lessons.markdown([], device="H200", failures=[{"lesson": "a", "error": "E"}]) == (
         "# cudalab lessons on H200\n\n0 lessons ran, 1 failed.\n\n"
         "## Lessons that failed\n\n- `a`: E\n")
+
+
+# ---- the guide's commands against the registered lessons ----------------------------------
+
+
+@pytest.mark.parametrize("lesson, options", [("cpu_vs_gpu", {"matrix_size", "iterations"}),
+                                             ("memory", {"batch_sizes"})])
+def test_guide_commands_match_their_lessons_parameters(lesson, options):
+    if lesson not in lessons.names():
+        pytest.skip(f"lesson {lesson} is not registered")
+    assert options <= set(lessons.get(lesson).params)
