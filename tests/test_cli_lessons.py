@@ -389,3 +389,14 @@ def test_guide_commands_match_their_lessons_parameters(lesson, options):
     if lesson not in lessons.names():
         pytest.skip(f"lesson {lesson} is not registered")
     assert options <= set(lessons.get(lesson).params)
+
+
+def test_run_all_only_and_skip_choose_lessons_in_lesson_order(stand_in, capsys):
+    assert main("run-all", "--only", "memory,demo") == 0
+    assert main("run-all", "--skip", "broken", "--skip", "demo") == 0
+    assert [c[0] for c in stand_in] == ["demo", "memory", "cpu_vs_gpu", "memory"]
+    with pytest.raises(SystemExit) as info:
+        main("run-all", "--only", "nope")
+    assert info.value.code == 2
+    assert "argument --only: invalid choice: 'nope' (choose from demo, cpu_vs_gpu, memory, broken)" \
+        in capsys.readouterr().err

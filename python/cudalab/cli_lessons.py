@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from . import _core, lessons
 from ._progress import ProgressBar
 from ._table import format_table
-from .cli_bench import _check_device, _common, _positive_int, output_file
+from .cli_bench import ChoiceList, _check_device, _common, _positive_int, _several, output_file
 from .devices import device as device_context
 from .devices import get_device_properties
 from .lessons.registry import Lesson, check_params
@@ -192,7 +192,9 @@ def _cmd_lesson(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_all(args: argparse.Namespace) -> int:
-    return _run(args, "run-all", [(name, {}) for name in lessons.names()])
+    chosen = [name for name in lessons.names() if (args.only is None or name in args.only)
+              and name not in (args.skip or ())]
+    return _run(args, "run-all", [(name, {}) for name in chosen])
 
 
 def _cmd_guide(args: argparse.Namespace) -> int:
@@ -217,24 +219,29 @@ def _running() -> argparse.ArgumentParser:
     return running
 
 
+# The guide's commands: (command, lesson, what it shows, options). Each option
+# (flag, type, metavar, example) sets the lesson parameter of the same name.
+GUIDE_COMMANDS = (
+    ("cpu-vs-gpu", "cpu_vs_gpu", "the guide's CPU vs GPU matrix multiply benchmark",
+     (("--matrix-size", _positive_int, "N", "8192"), ("--iterations", _positive_int, "N", "100"))),
+    ("memory", "memory", "the guide's memory management demo, per batch size",
+     (("--batch-sizes", _positive_ints, "N,N,...", "16,32,64,128"),)),
+)
+
+
 def _add_guide_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
     """``cpu-vs-gpu`` and ``memory``: the guide's commands, as their lessons."""
-    cpu = sub.add_parser(
-        "cpu-vs-gpu", parents=parents, help="the guide's CPU vs GPU benchmark (lesson cpu_vs_gpu)",
-        description="Run lesson cpu_vs_gpu: the same matrix multiply on the CPU (NumPy) and "
-                    "on the GPU. Options left out keep the lesson's defaults.")
-    cpu.add_argument("--matrix-size", type=_positive_int, metavar="N",
-                     help="the lesson's matrix_size")
-    cpu.add_argument("--iterations", type=_positive_int, metavar="N",
-                     help="the lesson's iterations")
-    cpu.set_defaults(func=_cmd_guide, lesson="cpu_vs_gpu", options=("matrix_size", "iterations"))
-    memory = sub.add_parser(
-        "memory", parents=parents, help="the guide's memory management demo (lesson memory)",
-        description="Run lesson memory: device memory per batch size, the caching pool and "
-                    "freeing. Options left out keep the lesson's defaults.")
-    memory.add_argument("--batch-sizes", type=_positive_ints, metavar="N,N,...",
-                        help="the lesson's batch_sizes, a comma list: 16,32,64,128")
-    memory.set_defaults(func=_cmd_guide, lesson="memory", options=("batch_sizes",))
+    for command, lesson, what, options in GUIDE_COMMANDS:
+        parser = sub.add_parser(
+            command, parents=parents, help=f"{what} (lesson {lesson})",
+            description=f"Run lesson {lesson}: {what}. Options left out keep the lesson's "
+                        "defaults.")
+        names = []
+        for flag, kind, metavar, example in options:
+            names.append(flag[2:].replace("-", "_"))
+            parser.add_argument(flag, type=kind, metavar=metavar,
+                                help=f"the lesson's {names[-1]} (the guide uses {example})")
+        parser.set_defaults(func=_cmd_guide, lesson=lesson, options=tuple(names))
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -264,5 +271,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "run-all", parents=parents, help="run every lesson in order",
         description="Run every lesson in order, printing each one's results. A lesson that "
                     "fails is reported and the others still run; the exit status is then 1.")
+    for option, what in (("--only", "run only these lessons (in lesson order)"),
+                         ("--skip", "leave these lessons out")):
+        every.add_argument(option, action=ChoiceList, choices=lessons.names(), metavar="NAME",
+                           help=f"{what}. {_several(option, 'first', 'second')}")
     every.set_defaults(func=_cmd_run_all)
     _add_guide_parsers(sub, parents)
