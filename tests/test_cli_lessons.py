@@ -11,6 +11,7 @@ without a GPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import pytest
@@ -171,6 +172,7 @@ def test_guide_command_whose_lesson_lacks_the_option_exits_2(monkeypatch, capsys
     (("cpu-vs-gpu", "--matrix-size", "0"), "argument --matrix-size: expected a positive integer"),
     (("memory", "--batch-sizes", "16,x"), "argument --batch-sizes: expected a positive integer"),
     (("lesson",), "the following arguments are required: NAME"),
+    (("run-all", "--max-times", "4"), "argument --max-times: expected an integer >= 5, got 4"),
 ])
 def test_bad_arguments_exit_2_before_running(args, message):
     result = run_cli(*args)
@@ -247,6 +249,18 @@ def test_lesson_prints_the_table_and_writes_json_and_markdown(stand_in, tmp_path
     text = md.read_text()
     assert text.startswith("# cudalab lessons on Fake GPU\n\n1 lesson ran, quick mode, cudalab 1")
     assert "copy runs at 2000 GB/s" in text and "| what | ms | gbps |" in text
+
+
+def test_max_times_caps_the_raw_times_kept(stand_in, tmp_path, monkeypatch, capsys):
+    many = fake_measurement("copy", times=[1e-3 + 1e-6 * i for i in range(101)])
+    monkeypatch.setattr(lessons, "run", lambda name, quick=False, **params: dataclasses.replace(
+        fake_result(name), measurements={"copy": many}))
+    out = tmp_path / "r.json"
+    assert main("lesson", "demo", "--json", str(out), "--max-times", "5") == 0
+    [back] = lessons.read_results(out)
+    assert back.measurements["copy"].times == pytest.approx([1e-3, 1.025e-3, 1.05e-3, 1.075e-3,
+                                                            1.1e-3])
+    assert back.measurements["copy"].median == many.median
 
 
 def test_guide_commands_run_their_lessons_with_the_options(stand_in, capsys):

@@ -97,6 +97,14 @@ def _positive_ints(text: str) -> tuple[int, ...]:
     return tuple(_positive_int(item.strip()) for item in text.split(","))
 
 
+def _max_times(text: str) -> int:
+    """An argparse type: an int >= 5, as `cudalab.bench.results_dict` takes."""
+    value = _positive_int(text)
+    if value < 5:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 5, got {value}")
+    return value
+
+
 # ---- reporting ------------------------------------------------------------------------
 
 # "lessons.get() argument 'name': " or "lessons.run(): ": the command names itself instead.
@@ -132,7 +140,8 @@ def _run_one(command: str, name: str, params: dict[str, Any], quick: bool,
 
 def _save(args: argparse.Namespace, results: list, failures: list, device: str) -> None:
     if args.json:
-        lessons.write_results(args.json, results, failures=failures, command=_command_line())
+        lessons.write_results(args.json, results, failures=failures, command=_command_line(),
+                              max_times=args.max_times)
     if args.markdown:
         Path(args.markdown).write_text(
             lessons.markdown(results, device=device, failures=failures), encoding="utf-8")
@@ -216,6 +225,10 @@ def _running() -> argparse.ArgumentParser:
                               "of the full ones")
     running.add_argument("--markdown", metavar="PATH", type=output_file,
                          help="also write a Markdown report to PATH (its directory must exist)")
+    running.add_argument("--max-times", type=_max_times, metavar="N",
+                         help="with --json: keep at most N raw times per measurement (order "
+                              "statistics that keep the median, quartiles, min and max exact; "
+                              "for files to commit); default: all")
     return running
 
 
