@@ -289,7 +289,8 @@ def test_a_failing_lesson_exits_1_after_one_line(stand_in, tmp_path, capsys):
 def test_a_lesson_bug_shows_its_traceback(stand_in, capsys):
     assert main("memory", "--batch-sizes", "13") == 1
     err = capsys.readouterr().err
-    assert err.startswith("cudalab memory: lesson 'memory' failed: KeyError: 'a bug in the lesson'\n")
+    assert err.startswith("cudalab memory: lesson 'memory' failed: KeyError: "
+                          "'a bug in the lesson'\n")
     assert "Traceback (most recent call last)" in err
 
 
@@ -412,5 +413,66 @@ def test_run_all_only_and_skip_choose_lessons_in_lesson_order(stand_in, capsys):
     with pytest.raises(SystemExit) as info:
         main("run-all", "--only", "nope")
     assert info.value.code == 2
-    assert "argument --only: invalid choice: 'nope' (choose from demo, cpu_vs_gpu, memory, broken)" \
-        in capsys.readouterr().err
+    assert ("argument --only: invalid choice: 'nope' (choose from demo, cpu_vs_gpu, memory, "
+            "broken)") in capsys.readouterr().err
+
+
+# ---- a lesson through the real lessons.run, its device calls stood in for -------------------
+
+
+@pytest.fixture
+def host_lesson(monkeypatch):
+    """Lesson "host_sum": sums with NumPy on the host clock, through the real lessons.run
+    (whose device check and device description are stood in for)."""
+    import types
+
+    import numpy as np
+
+    from cudalab.bench import Measurement, host_clock
+
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_core", types.SimpleNamespace(_parse_device=lambda *a: 0))
+    monkeypatch.setattr(registry, "_device_and_env",
+                        lambda: ({"name": "Fake GPU", "index": 0}, {"versions": {}}))
+    monkeypatch.setattr(cli_lessons, "_check_device", lambda args, command: 0)
+    monkeypatch.setattr(cli_lessons, "device_context", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(cli_lessons, "get_device_properties",
+                        lambda index: types.SimpleNamespace(name="Fake GPU"))
+
+    @registry.lesson(960, "host_sum", title="Host sums", seed="none",
+                     params={"sizes": (1000, 5000), "tolerance": 1e-12},
+                     quick_params={"sizes": (100,)})
+    def run(r):
+        for n in r.params["sizes"]:
+            x = np.random.default_rng(n).standard_normal(n) + 2.0
+            times = host_clock({"sum": lambda: x.sum()}, repeats=5, warmup=0.0)["sum"]
+            m = r.add(Measurement(label=f"sum {n}", times=times, bytes=8.0 * n), f"numpy sum {n}")
+            r.row(n=n, us=m.median * 1e6)
+            r.check(f"sum of {n}", abs(x.sum() - np.sum(x[::-1])) / abs(x.sum()),
+                    r.params["tolerance"])
+        r.finding(f"{len(r.params['sizes'])} sizes summed", len(r.params["sizes"]), "sizes",
+                  labels=tuple(r.measurements))
+
+
+def test_a_lesson_run_for_real_round_trips_through_the_cli(host_lesson, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main("lesson", "host_sum", "--set", "sizes=300,700", "--json", str(out)) == 0
+    [back] = lessons.read_results(out)
+    assert back.params == {"sizes": [300, 700], "tolerance": 1e-12} and back.quick is False
+    assert list(back.measurements) == ["numpy sum 300", "numpy sum 700"]
+    assert [m.label for m in back.measurements.values()] == ["sum 300", "sum 700"]
+    assert [r["n"] for r in back.rows] == [300, 700] and len(back.checks) == 2
+    out_text = capsys.readouterr().out
+    assert out_text.startswith("Lesson 960 `host_sum`: Host sums (Fake GPU, full, ")
+    assert "2 sizes summed" in out_text and "sum of 700" in out_text
+    assert main("lesson", "host_sum", "--quick", "--json", str(out)) == 0
+    assert [r["n"] for r in lessons.read_results(out)[0].rows] == [100]
+
+
+def test_a_failed_check_of_a_real_run_exits_1(host_lesson, capsys):
+    assert main("lesson", "host_sum", "--set", "tolerance=-1") == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("cudalab lesson: lesson 'host_sum' failed: LessonCheckError: "
+                                   "lesson 'host_sum': check failed: sum of 1000: max error ")
+    assert len(captured.err.splitlines()) == 1

@@ -669,8 +669,10 @@ def test_lesson_records_every_measurement_with_the_lesson_label(pytester, no_gpu
                                  "demo: launch*2 us*", "other: copy*", "other: launch*"])
     rows = R.read_results(out).rows
     assert [(r.get("nodeid"), r.measurement.label) for r in rows] == [
-        ("test_lesson.py::test_lesson", "demo: copy"), ("test_lesson.py::test_lesson", "demo: launch"),
-        ("test_lesson.py::test_other", "other: copy"), ("test_lesson.py::test_other", "other: launch")]
+        ("test_lesson.py::test_lesson", "demo: copy"),
+        ("test_lesson.py::test_lesson", "demo: launch"),
+        ("test_lesson.py::test_other", "other: copy"),
+        ("test_lesson.py::test_other", "other: launch")]
 
 
 def test_lesson_regression_against_a_lessons_file_fails_the_test(pytester, no_gpu):
