@@ -8,8 +8,9 @@ value read as a Python literal, else as text; a comma list for a tuple
 parameter). ``--json PATH`` writes a lessons results file
 (`cudalab.lessons.write_results`) and ``--markdown PATH`` a report of every
 result, both rewritten after each lesson so a long run that is stopped keeps
-what finished. ``run-all`` carries on after a lesson fails, reports it, and
-exits 1 at the end.
+what finished (``--max-times N`` caps the raw times kept). ``run-all``
+(``--only`` / ``--skip`` to choose lessons) carries on after a lesson fails,
+reports it, and exits 1 at the end.
 """
 
 from __future__ import annotations
