@@ -614,3 +614,87 @@ def test_project_suite_loads_the_plugin_without_autoload(monkeypatch):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
     ).stdout
+
+
+# ---- gpu_benchmark.lesson ----------------------------------------------------------------
+
+# cudalab.lessons.run is replaced by a stand-in whose result holds a "copy" of
+# LESSON_SCALE ms and a "launch" whose own label differs from its key, so a
+# lesson's measurements go through the fixture's recording path without a GPU.
+LESSON_TESTS = """
+import os
+import pytest
+import cudalab.lessons
+from cudalab.bench import Measurement
+from cudalab.lessons import LessonResult
+
+def m(label, median):
+    return Measurement(label=label, times=[median * f for f in (0.97, 0.99, 1.0, 1.01, 1.03)],
+                       device="Fake GPU")
+
+def fake_run(name, quick=False, **params):
+    copy = float(os.environ["LESSON_SCALE"]) * 1e-3
+    return LessonResult(lesson=name, number=1, title="t", seed="s", params=dict(params),
+                        quick=quick, device={"name": "Fake GPU"}, env={},
+                        measurements={"copy": m("copy", copy), "launch": m("host", 2e-6)},
+                        rows=(), findings=(), claims=(), checks=(), wall_seconds=0.1,
+                        created="now")
+
+@pytest.fixture(autouse=True)
+def stand_in(monkeypatch):
+    monkeypatch.setattr(cudalab.lessons, "run", fake_run)
+
+def test_lesson(bench):
+    result = bench.lesson("demo", size=3)
+    assert result.lesson == "demo" and result.params == {"size": 3} and result.quick is True
+    assert [m.label for m in bench.measurements] == ["demo: copy", "demo: launch"]
+    assert bench.measurements[0].median == result.measurements["copy"].median
+
+def test_other(bench):
+    assert bench.lesson("other", quick=False).quick is False
+    with pytest.raises(ValueError, match="this test already measured"):
+        bench.lesson("other")
+    assert len(bench.measurements) == 2
+"""
+
+
+def test_lesson_records_every_measurement_with_the_lesson_label(pytester, no_gpu):
+    no_gpu.setenv("LESSON_SCALE", "1")
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_lesson=LESSON_TESTS)
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess(*PLUGIN, "--gpu-benchmark-json", str(out))
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*= cudalab gpu_benchmark =*", "demo: copy*1 ms*",
+                                 "demo: launch*2 us*", "other: copy*", "other: launch*"])
+    rows = R.read_results(out).rows
+    assert [(r.get("nodeid"), r.measurement.label) for r in rows] == [
+        ("test_lesson.py::test_lesson", "demo: copy"),
+        ("test_lesson.py::test_lesson", "demo: launch"),
+        ("test_lesson.py::test_other", "other: copy"),
+        ("test_lesson.py::test_other", "other: launch")]
+
+
+def test_lesson_regression_against_a_lessons_file_fails_the_test(pytester, no_gpu):
+    # The baseline is a lessons results file, as `cudalab run-all --json` writes.
+    from cudalab.lessons import LessonResult, write_results
+
+    base = LessonResult(lesson="demo", number=1, title="t", seed="s", params={}, quick=True,
+                        device={"name": "Fake GPU"}, env={},
+                        measurements={"copy": fake("copy", 1e-3), "launch": fake("host", 2e-6)},
+                        rows=(), findings=(), claims=(), checks=(), wall_seconds=0.1,
+                        created="now")
+    write_results(pytester.path / "lessons.json", [base])
+    no_gpu.setenv("LESSON_SCALE", "1.5")
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_lesson=LESSON_TESTS)
+    result = pytester.runpytest_subprocess(
+        *PLUGIN, "--gpu-benchmark-compare", "lessons.json", "--gpu-benchmark-compare-fail", "10%")
+    result.assert_outcomes(failed=1, passed=1)
+    line = LESSON_TESTS.strip().splitlines().index('    result = bench.lesson("demo", size=3)') + 1
+    result.stdout.fnmatch_lines([
+        "*_ test_lesson _*",
+        (f"test_lesson.py:{line}: cudalab benchmark regression: demo: copy: median 1.5 ms vs baseline "
+         "1 ms (+50.0%), more than the allowed +10%"),
+    ])
+    result.stdout.fnmatch_lines(["demo: launch*2 us -> +0.0%", "other: copy*no baseline"])

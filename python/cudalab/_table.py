@@ -7,13 +7,17 @@ from typing import Sequence
 __all__ = ["format_table"]
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> str:
-    """Columns padded to their widest cell, a dashed rule under the header."""
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
+                 left: int = 1) -> str:
+    """Columns padded to their widest cell, a dashed rule under the header.
+
+    The first `left` columns are left-aligned (text), the others right-aligned (numbers).
+    """
     table = [list(map(str, header))] + [list(map(str, r)) for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     out = [title] if title else []

@@ -10,6 +10,9 @@ Commands:
 * ``bench matmul|copy|transfer`` and ``ceilings``: measurements through
   cudalab.bench (see cli_bench.py).
 
+* ``lessons``, ``lesson NAME``, ``run-all``, ``cpu-vs-gpu`` and ``memory``:
+  the lessons of cudalab.lessons (see cli_lessons.py).
+
 ``cudalab --version`` prints the version.
 """
 
@@ -24,6 +27,7 @@ from typing import Any, Sequence
 from . import __version__, _core, _nvml
 from .cli_bench import add_parsers as add_bench_parsers
 from .cli_bench import output_file
+from .cli_lessons import add_parsers as add_lesson_parsers
 from .devices import get_device_properties
 from .memory import format_bytes
 
@@ -132,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also write the report as JSON to PATH (its directory must exist)")
     check.set_defaults(func=_cmd_check)
     add_bench_parsers(sub)
+    add_lesson_parsers(sub)
     return parser
 
 

@@ -12,6 +12,10 @@ point named ``cudalab``), so any test suite in that environment gets:
   test's node id; other options go to `measure`). ``gpu_benchmark.measurements``
   lists this test's measurements. Without a GPU the test is skipped (or fails
   under ``CUDALAB_REQUIRE_GPU=1``), as with the marker.
+* ``gpu_benchmark.lesson(name, quick=True, **params)``: runs a lesson
+  (`cudalab.lessons.run`) and records each of its measurements, labelled
+  ``"<lesson>: <label>"`` as in a lessons results file, so the comparison
+  below catches a lesson's regressions; returns the `LessonResult`.
 * ``--gpu-benchmark-preset NAME``: the timing preset of the fixture
   (``quick``, ``default`` or ``sustained``; default ``default``); a call's own
   ``preset=`` option wins.
@@ -289,6 +293,9 @@ class GpuBenchmark:
     ``label`` defaults to the test's node id; a test that benchmarks several
     things gives each its own ``sub_label`` or ``description``.
 
+    ``gpu_benchmark.lesson(name, quick=True, **params)`` runs a lesson and
+    records its measurements (see `lesson`).
+
     Attributes
     ----------
     measurements : list of Measurement
@@ -333,6 +340,34 @@ class GpuBenchmark:
         timer = Timer(get_preset(preset, "gpu_benchmark"), **options)
         measurement, result = timer.measure_result(fn, *args, **work)
         self._record(measurement, where)
+        return result
+
+    def lesson(self, name: str, quick: bool = True, **params: Any) -> Any:
+        """lesson(name, quick=True, **params) -> LessonResult
+
+        Run lesson `name` with `cudalab.lessons.run` and record each of its
+        measurements as this test's, labelled ``"<lesson>: <label>"``
+        (`cudalab.lessons.results.benchmark_label`, the labels of ``cudalab
+        run-all --json``, so such a file serves as a baseline). The lesson
+        times with its own preset (quick or default), not the session's.
+
+        Raises
+        ------
+        ValueError
+            Unknown lesson or parameter, or a label this session already
+            recorded (the same lesson run twice by a test).
+        LessonCheckError
+            The lesson computed something wrong.
+        """
+        from . import lessons  # imports every lesson module: only when a test asks
+
+        where = _caller()
+        result = lessons.run(name, quick=quick, **params)
+        measurements = [m for _, m in lessons.results.labelled_measurements(result)]
+        for m in measurements:  # every key checked before any is recorded
+            self._check_new(m.key)
+        for m in measurements:
+            self._record(m, where)
         return result
 
     def record(self, measurement: Measurement) -> None:

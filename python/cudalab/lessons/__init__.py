@@ -6,6 +6,8 @@
   an immutable `LessonResult`: its measurements, table rows, findings computed
   from its own numbers, the tutorial's claims beside the values measured here,
   and its correctness checks.
+* `write_results(path, results)` / `read_results(path)`: lesson results
+  files (``cudalab run-all --json``); `markdown(results)`: one report.
 
 Every lesson is a module of this package that declares itself with
 `registry.lesson`; importing the package registers them all.
@@ -18,11 +20,12 @@ import pkgutil
 
 from .registry import Lesson, LessonCheckError, LessonRun, get, names, run
 from .result import Check, Claim, Finding, LessonResult
+from .results import markdown, read_results, write_results
 
 __all__ = ["Check", "Claim", "Finding", "Lesson", "LessonCheckError", "LessonResult",
-           "LessonRun", "get", "names", "run"]
+           "LessonRun", "get", "markdown", "names", "read_results", "run", "write_results"]
 
-_FRAMEWORK = {"registry", "result"}
+_FRAMEWORK = {"registry", "result", "results"}
 
 # Each lesson module registers itself on import; a new lesson is a new module.
 for _info in pkgutil.iter_modules(__path__):
