@@ -125,7 +125,7 @@ def test_classify_rejects_bad_numbers():
 
 # ---- registration --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,number", [("pinned", 11), ("roofline", 16)])
+@pytest.mark.parametrize("name,number", [("pinned", 11), ("streams", 12), ("roofline", 16)])
 def test_lessons_registered_with_plot(name, number):
     x = lessons.get(name)
     assert x.number == number and x.plot is not None
