@@ -125,8 +125,157 @@ def test_classify_rejects_bad_numbers():
 
 # ---- registration --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,number", [("pinned", 11), ("streams", 12), ("roofline", 16)])
+@pytest.mark.parametrize("name,number", [("pinned", 11), ("streams", 12), ("prefetch", 13), ("roofline", 16)])
 def test_lessons_registered_with_plot(name, number):
     x = lessons.get(name)
     assert x.number == number and x.plot is not None
     assert set(x.quick_params) <= set(x.params)
+
+
+# ---- prefetch: the loader and the prefetcher with a stand-in for the GPU -----------------
+
+from cudalab.lessons import prefetch  # noqa: E402
+
+
+class _FakeEvent:
+    def __init__(self, log):
+        self.log, self.synced = log, False
+
+    def synchronize(self):
+        self.synced = True
+        self.log.append(("sync", self))
+
+
+class _FakeStream:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __enter__(self):
+        self.log.append(("enter", self.name))
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(("exit", self.name))
+        return False
+
+    def wait_event(self, event):
+        self.log.append(("wait", self.name, event))
+
+    def record_event(self):
+        event = _FakeEvent(self.log)
+        self.log.append(("record", self.name, event))
+        return event
+
+
+class _FakeBatch:
+    """A device batch: the host values at upload time."""
+
+    def __init__(self, host, log):
+        self.values, self.log = host.copy(), log
+
+    def record_stream(self, stream):
+        self.log.append(("record_stream", stream.name))
+
+    def get(self):
+        return self.values
+
+
+class _FakeApi:
+    name = "fake"
+
+    def __init__(self):
+        self.log = []
+        self.consumer = _FakeStream(self.log, "consumer")
+        self.sides = 0
+
+    def Stream(self):  # noqa: N802 - mirrors cudalab.Stream
+        self.sides += 1
+        return _FakeStream(self.log, f"side{self.sides}")
+
+    def current_stream(self):
+        return self.consumer
+
+    def stream(self, s):
+        return s
+
+    def upload(self, host, non_blocking):
+        self.log.append(("upload", non_blocking))
+        return _FakeBatch(host, self.log)
+
+    def record(self, s):
+        return s.record_event()
+
+    def synchronize(self):
+        pass
+
+
+def _source(batches=6):
+    return prefetch.BatchSource(rows=8, features=5, batches=batches, pool=2, seed=3)
+
+
+def test_batch_source_prepares_distinct_deterministic_batches():
+    src = _source()
+    b0, b1, b2 = src.expected(0), src.expected(1), src.expected(2)
+    assert b0.dtype == np.float32 and b0.shape == (8, 5)
+    assert np.array_equal(b0, src.expected(0))
+    # pool of 2: batches 0 and 2 share raw rows but are shifted differently
+    assert not np.array_equal(b0, b1) and not np.array_equal(b0, b2)
+    raw = src.raw[0].astype(np.float32)
+    assert np.array_equal(b0, (raw - np.float32(prefetch.MEAN)) * np.float32(prefetch.INV_STD))
+    assert np.array_equal(b2, np.roll((raw - np.float32(prefetch.MEAN)) *
+                                      np.float32(prefetch.INV_STD), 2, axis=1))
+
+
+def test_host_loader_reuses_its_staging_slots_per_epoch():
+    src = _source()
+    made = []
+
+    def staging(shape):
+        made.append(np.empty(shape, np.float32))
+        return made[-1]
+
+    loader = prefetch.HostLoader(src, pinned=True, pinned_empty=staging)
+    ptrs = [host.ctypes.data for _, host in loader]
+    assert len(made) == prefetch.SLOTS and len(set(ptrs)) == prefetch.SLOTS
+    list(loader)
+    assert len(made) == 2 * prefetch.SLOTS  # a new epoch allocates its own
+    pageable = prefetch.HostLoader(src, pinned=False)
+    assert [i for i, _ in pageable] == list(range(src.batches))
+
+
+def test_prefetcher_with_one_iterator_delivers_every_batch_in_order():
+    src = _source()
+    api = _FakeApi()
+    loader = prefetch.HostLoader(src, pinned=True, pinned_empty=lambda s: np.empty(s, np.float32))
+    got = list(prefetch.Prefetcher(loader, api))
+    assert [i for i, _ in got] == list(range(src.batches))
+    for k, (_, batch) in enumerate(got):
+        assert np.array_equal(batch.get(), src.expected(k))
+    assert prefetch._consumed(iter(got), src.batches, src) == (src.batches, 0)
+    # Copies are non_blocking on the side stream; the consumer waits for each one's
+    # event and records each batch on its own stream.
+    uploads = [e for e in api.log if e[0] == "upload"]
+    assert uploads == [("upload", True)] * src.batches
+    waits = [e for e in api.log if e[0] == "wait"]
+    records = [e for e in api.log if e[0] == "record"]
+    assert [w[2] for w in waits] == [rec[2] for rec in records]
+    assert [e for e in api.log if e[0] == "record_stream"] == [("record_stream", "consumer")] * src.batches
+    # Before a staging slot is refilled, the copy that read it has been waited for.
+    assert sum(1 for e in api.log if e[0] == "sync") == src.batches - 1
+
+
+def test_prefetcher_that_restarts_its_iterator_repeats_the_first_batch():
+    src = _source()
+    api = _FakeApi()
+    loader = prefetch.HostLoader(src, pinned=True, pinned_empty=lambda s: np.empty(s, np.float32))
+    distinct, wrong = prefetch._consumed(prefetch.Prefetcher(loader, api, restart=True),
+                                         src.batches, src)
+    assert distinct == 1 and wrong == src.batches - 1
+
+
+def test_synchronous_loading_uploads_blocking():
+    src = _source(3)
+    api = _FakeApi()
+    got = list(prefetch.synchronous(prefetch.HostLoader(src, pinned=False), api))
+    assert [i for i, _ in got] == [0, 1, 2]
+    assert [e for e in api.log if e[0] == "upload"] == [("upload", False)] * 3
