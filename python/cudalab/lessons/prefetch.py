@@ -90,9 +90,18 @@ class Cudalab:
     """The few calls the prefetcher makes, through cudalab (`Torch` is the same through PyTorch)."""
 
     name = "cudalab"
-    Stream = staticmethod(cudalab.Stream)
-    current_stream = staticmethod(cudalab.current_stream)
-    synchronize = staticmethod(cudalab.synchronize)
+
+    @staticmethod
+    def Stream() -> Any:  # noqa: N802 - the name of the class it makes
+        return cudalab.Stream()
+
+    @staticmethod
+    def current_stream() -> Any:
+        return cudalab.current_stream()
+
+    @staticmethod
+    def synchronize() -> None:
+        cudalab.synchronize()
 
     @staticmethod
     def stream(s: Any) -> Any:
