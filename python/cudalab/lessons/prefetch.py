@@ -130,8 +130,10 @@ class Torch:
 
     def pinned_empty(self, shape: tuple[int, ...]) -> np.ndarray:
         t = self.torch.empty(shape, dtype=self.torch.float32, pin_memory=True)
-        view = t.numpy()
+        view = t.numpy()  # keeps `t` alive; the map only finds it again for the upload
         self._tensors[view.ctypes.data] = t
+        while len(self._tensors) > 2 * SLOTS:  # only the current epochs' slots are looked up
+            del self._tensors[next(iter(self._tensors))]
         return view
 
     def upload(self, host: np.ndarray, non_blocking: bool) -> Any:
