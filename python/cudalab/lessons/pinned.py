@@ -39,6 +39,10 @@ LATENCY_BOUND_PCT = 50.0
 # notebook's "PCIe is a bottleneck" point holds (T4: ~16 vs ~1500 GB/s).
 LINK_GAP_HOLDS = 10.0
 TUTORIAL_LINK_GAP = 1500.0 / 16.0
+# The notebook's "each transfer pays ~10 us of latency": holds while the
+# smallest pinned copy here costs at most twice that.
+TUTORIAL_LATENCY_US = 10.0
+LATENCY_HOLDS_US = 2 * TUTORIAL_LATENCY_US
 # Timed rounds of the overlap cases (host clock).
 OVERLAP_REPEATS = 10
 
@@ -210,6 +214,12 @@ def _findings(r: LessonRun, sweep: dict, hidden: dict) -> None:
     r.finding(f"A pinned h2d copy of {small} KiB takes {tiny.median * 1e6:.1f} us, "
               f"{pct:.0f}% of the h2d ceiling: {verdict}", value=pct, unit="%",
               labels=(tiny.label,))
+    tiny_us = tiny.median * 1e6
+    r.claim("Each transfer pays about 10 us of latency, so small copies are latency-bound",
+            tutorial=TUTORIAL_LATENCY_US, measured=tiny_us, unit="us",
+            held=tiny_us <= LATENCY_HOLDS_US,
+            why=f"a {small} KiB pinned copy takes {tiny_us:.1f} us here, {pct:.0f}% of the "
+                f"h2d ceiling (holds up to {LATENCY_HOLDS_US:g} us)")
     r.claim("Pinned (page-locked) memory makes host-to-device copies faster", tutorial=None,
             measured=h2d_ratio, unit="x", held=h2d_ratio >= PINNED_FASTER,
             why=f"{h2d_ratio:.2f}x at {big} KiB (holds from {PINNED_FASTER}x)")
@@ -242,7 +252,8 @@ def _link_claim(r: LessonRun) -> None:
 
 @lesson(11, "pinned", title="Pinned vs pageable host memory, and non_blocking copies",
         seed="Guide 'PyTorch CUDA optimization': Pinned Memory, Asynchronous GPU Operations "
-             "(non_blocking transfers); Colab notebook lesson 1 (PCIe vs GPU memory bandwidth)",
+             "(non_blocking transfers); Colab notebook lessons 1 and 3 (PCIe vs GPU memory "
+             "bandwidth, per-transfer latency)",
         params={"sizes_kib": (64, 1024, 16384, 262144), "overlap_mib": 256, "seed": 0},
         quick_params={"sizes_kib": (64, 16384), "overlap_mib": 32})
 def run(r: LessonRun) -> None:

@@ -296,6 +296,14 @@ def run(r: LessonRun) -> None:
                   f"TFLOP/s over copy {copy_bw / 1e9:.0f} GB/s); below it a kernel cannot "
                   f"reach the peak", value=ridge, unit="FLOP/B",
                   labels=(f"matmul large {dtype}",))
+    for dtype in dtypes:
+        small, large = placed[f"matmul small {dtype}"], placed[f"matmul large {dtype}"]
+        gain = large.flops_per_s / small.flops_per_s
+        r.finding(f"{dtype}: the {p['large_n']}^3 matmul runs at {gain:.0f}x the FLOP/s of the "
+                  f"{p['small_n']}^3 one (intensity {small.intensity:.0f} -> "
+                  f"{large.intensity:.0f} FLOP/B; {small.regime} -> {large.regime})",
+                  value=gain, unit="x",
+                  labels=(f"matmul small {dtype}", f"matmul large {dtype}"))
     big = "matmul large float16" if "float16" in dtypes else f"matmul large {dtypes[-1]}"
     _claims(r, placed, big)
 

@@ -228,9 +228,13 @@ def _findings(r: LessonRun, conc: dict, speedups: dict[int, float]) -> None:
     r.finding(f"The copy/compute/copy pipeline is {s:.2f}x faster on {PIPELINE_STREAMS} streams "
               f"than on 1 at {best} chunks, {pct:.0f}% of what its stage times allow",
               value=s, unit="x", labels=labels)
+    engines = cudalab.get_device_properties().async_engine_count
     r.claim("Streams overlap computation and data transfer", tutorial=None, measured=s,
             unit="x", held=s >= PIPELINE_HELPS,
-            why=f"{s:.2f}x at {best} chunks (holds from {PIPELINE_HELPS}x)")
+            why=f"{s:.2f}x at {best} chunks (holds from {PIPELINE_HELPS}x); this GPU has "
+                f"{engines} copy engine(s): "
+                + ("h2d and d2h can run at once" if engines >= 2 else
+                   "h2d and d2h copies take turns"))
 
 
 @lesson(12, "streams", title="Streams: concurrent kernels and the copy/compute/copy pipeline",
