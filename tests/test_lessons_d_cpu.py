@@ -279,3 +279,184 @@ def test_synchronous_loading_uploads_blocking():
     got = list(prefetch.synchronous(prefetch.HostLoader(src, pinned=False), api))
     assert [i for i, _ in got] == [0, 1, 2]
     assert [e for e in api.log if e[0] == "upload"] == [("upload", False)] * 3
+
+
+# ---- every lesson end to end on a NumPy stand-in for the GPU ------------------------------
+# Not a measurement: it runs each lesson's Python (setup, rows, findings,
+# claims, checks, JSON round trip and plot) with small parameters, so an error
+# in that code shows here rather than on the one GPU run.
+
+import json  # noqa: E402
+import types  # noqa: E402
+from unittest import mock  # noqa: E402
+
+import cudalab  # noqa: E402
+from cudalab.bench import Measurement  # noqa: E402
+from cudalab.lessons import registry  # noqa: E402
+from cudalab.lessons.result import LessonResult  # noqa: E402
+
+_TINY = {
+    "pinned": {"sizes_kib": (64, 256), "overlap_mib": 1},
+    "streams": {"kernel_cols": 2048, "kernels": 4, "big_shape": (64, 64), "big_kernels": 2,
+                "streams": (1, 2), "pipeline_mib": 1, "chunks": (1, 4), "repeats": 2},
+    "prefetch": {"batches": 4, "rows": 64, "features": 32, "repeats": 2},
+    "roofline": {"dtypes": ("float32", "float16"), "elements": 4096, "tiny_elements": 256,
+                 "softmax_shape": (64, 64), "small_n": 16, "large_n": 64},
+}
+
+
+class _Event:
+    def synchronize(self):
+        pass
+
+
+class _Stream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        assert isinstance(event, _Event)
+
+    def record_event(self):
+        return _Event()
+
+
+class _Array:
+    """A DeviceArray stand-in holding a NumPy array."""
+
+    def __init__(self, values):
+        self.a = np.array(values)
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+
+    def get(self, out=None, non_blocking=False):
+        if out is None:
+            return self.a.copy()
+        assert out.shape == self.a.shape and out.dtype == self.a.dtype
+        out[...] = self.a
+        return out
+
+    def record_stream(self, stream):
+        assert isinstance(stream, _Stream)
+
+
+def _values(x):
+    return x.a if isinstance(x, _Array) else x
+
+
+def _into(out, values):
+    if out is None:
+        return _Array(values)
+    out.a[...] = values
+    return out
+
+
+def _dtype(d):
+    return np.float32 if d is None else np.dtype(d)
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _fake_gpu(monkeypatch):
+    rng = np.random.default_rng(0)
+    fake = {
+        "asarray": lambda h, dtype=None, non_blocking=False: _Array(h),
+        "pinned_empty": lambda shape, dtype=np.float32: np.empty(shape, dtype),
+        "empty": lambda shape, dtype=None: _Array(np.empty(shape, _dtype(dtype))),
+        "full": lambda shape, v, dtype=None: _Array(np.full(shape, v, _dtype(dtype))),
+        "Stream": _Stream, "current_stream": _Stream, "synchronize": lambda: None,
+        "current_device": lambda: 0,
+        "get_device_properties": lambda d=None: types.SimpleNamespace(name="Fake GPU",
+                                                                     async_engine_count=2),
+        "add": lambda a, b, out=None: _into(out, _values(a) + _values(b)),
+        "sum": lambda a: _Array(np.float32(_values(a).astype(np.float64).sum())),
+        "softmax": lambda x, out=None: _into(out, _softmax(_values(x))),
+        "matmul": lambda a, b, out=None, precision=None: _into(
+            out, (_values(a).astype(np.float64) @ _values(b)).astype(_values(a).dtype)),
+        "axpy": lambda alpha, x, y, out=None: _into(out, (alpha * _values(x) + y).astype(np.float32)),
+        "tanh": lambda x, out=None: _into(out, np.tanh(_values(x))),
+    }
+    for name, fn in fake.items():
+        monkeypatch.setattr(cudalab, name, fn)
+
+    def normal(shape, mean=0.0, std=1.0, dtype=None, seed=None):
+        d = np.float32 if dtype in (None, "tf32") else np.dtype(dtype)
+        return _Array((mean + std * rng.standard_normal(shape)).astype(d))
+
+    monkeypatch.setattr(cudalab.random, "normal", normal)
+    from cudalab.bench import cases
+
+    monkeypatch.setattr(cases, "_core", types.SimpleNamespace(
+        pinned_empty=fake["pinned_empty"], full=fake["full"], asarray=fake["asarray"],
+        current_device=lambda: 0))
+    monkeypatch.setattr(cudalab._core, "current_device", lambda: 0)
+    monkeypatch.setattr(cudalab.devices, "get_device_properties", fake["get_device_properties"])
+
+    def ceiling(name):
+        value = {"copy": 3e12, "h2d": 50e9, "d2h": 50e9, "launch": 4e-6}.get(name, 60e12)
+        unit = "s" if name == "launch" else "FLOP/s" if name.startswith("matmul") else "B/s"
+        return types.SimpleNamespace(name=name, value=value, unit=unit)
+
+    for name in ("pinned", "roofline"):
+        monkeypatch.setattr(getattr(lessons, name), "ceiling", ceiling)
+
+    def timed(fn, args, label, ceiling_name, flops, nbytes, description=None):
+        fn(*args)
+        c = ceiling(ceiling_name) if isinstance(ceiling_name, str) else None
+        return Measurement(label=label, times=(0.9e-3, 1e-3, 1.1e-3), flops=flops, bytes=nbytes,
+                           description=description,
+                           ceiling_name=c and c.name, ceiling_value=c and c.value,
+                           ceiling_unit=c and c.unit)
+
+    class Timer:
+        settings = types.SimpleNamespace(warmup=0.0)
+        hold = True
+
+        def replace(self, **overrides):
+            return self
+
+        def measure(self, fn, *args, label=None, ceiling=None, flops=None, bytes=None,
+                    description=None, **other):
+            return timed(fn, args, label, ceiling, flops, bytes, description)
+
+    def measure(self, label, fn, *args, ceiling=None, flops=None, bytes=None,
+                description=None, **other):
+        return self.add(timed(fn, args, label, ceiling, flops, bytes, description), label)
+
+    monkeypatch.setattr(registry.LessonRun, "measure", measure)
+    return Timer()
+
+
+@pytest.mark.parametrize("name", list(_TINY))
+def test_lesson_runs_on_a_numpy_stand_in(monkeypatch, name):
+    timer = _fake_gpu(monkeypatch)
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    x = lessons.get(name)
+    params = {**x.defaults(True), **_TINY[name]}
+    r = registry.LessonRun(x, params, True)
+    r.timer = timer
+    x.function(r)
+    assert r.rows and r.findings and r.claims and r.checks
+    assert all(c.passed for c in r.checks)
+    assert len({tuple(row) for row in r.rows}) == 1  # the same keys on every row
+    result = LessonResult(
+        lesson=x.name, number=x.number, title=x.title, seed=x.seed, params=params, quick=True,
+        device={"name": "Fake GPU"}, env={}, measurements=dict(r.measurements),
+        rows=tuple(r.rows), findings=tuple(r.findings), claims=tuple(r.claims),
+        checks=tuple(r.checks), wall_seconds=0.0, created="2026-11-23T00:00:00+00:00")
+    back = LessonResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert back.rows == result.rows and back.findings == result.findings
+    assert x.name in result.table()
+    ax = mock.MagicMock()
+    ax.plot.return_value = [mock.MagicMock()]
+    x.plot(result, ax)
