@@ -125,7 +125,8 @@ def test_classify_rejects_bad_numbers():
 
 # ---- registration --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,number", [("pinned", 11), ("streams", 12), ("prefetch", 13), ("roofline", 16)])
+@pytest.mark.parametrize("name,number", [("pinned", 11), ("streams", 12), ("prefetch", 13),
+                                         ("roofline", 16)])
 def test_lessons_registered_with_plot(name, number):
     x = lessons.get(name)
     assert x.number == number and x.plot is not None
@@ -259,7 +260,8 @@ def test_prefetcher_with_one_iterator_delivers_every_batch_in_order():
     waits = [e for e in api.log if e[0] == "wait"]
     records = [e for e in api.log if e[0] == "record"]
     assert [w[2] for w in waits] == [rec[2] for rec in records]
-    assert [e for e in api.log if e[0] == "record_stream"] == [("record_stream", "consumer")] * src.batches
+    recorded = [e for e in api.log if e[0] == "record_stream"]
+    assert recorded == [("record_stream", "consumer")] * src.batches
     # Before a staging slot is refilled, the copy that read it has been waited for.
     assert sum(1 for e in api.log if e[0] == "sync") == src.batches - 1
 
@@ -383,7 +385,8 @@ def _fake_gpu(monkeypatch):
         "softmax": lambda x, out=None: _into(out, _softmax(_values(x))),
         "matmul": lambda a, b, out=None, precision=None: _into(
             out, (_values(a).astype(np.float64) @ _values(b)).astype(_values(a).dtype)),
-        "axpy": lambda alpha, x, y, out=None: _into(out, (alpha * _values(x) + y).astype(np.float32)),
+        "axpy": lambda alpha, x, y, out=None: _into(
+            out, (alpha * _values(x) + y).astype(np.float32)),
         "tanh": lambda x, out=None: _into(out, np.tanh(_values(x))),
     }
     for name, fn in fake.items():

@@ -117,7 +117,7 @@ class Cudalab:
 
 
 class Torch:
-    """`Cudalab`'s calls through PyTorch (pinned staging from torch, so torch knows it is pinned)."""
+    """`Cudalab`'s calls through PyTorch (pinned staging from torch: torch knows it is pinned)."""
 
     name = "torch"
 
