@@ -139,31 +139,37 @@ def _overlap_cases(n: int, rng: np.random.Generator, torch: Any) -> dict[str, Ca
         "pageable non_blocking copy + work": together(pageable),
     }
     if torch is not None:
-        target = f"cuda:{cudalab.current_device()}"
-        t_pinned = torch.empty(n, dtype=torch.float32, pin_memory=True)
-        t_pinned.copy_(torch.from_numpy(pinned))
-        t_pageable = torch.from_numpy(pageable)
-
-        def t_copy(host: Any) -> Callable[[], None]:
-            def run() -> None:
-                host.to(target)
-                torch.cuda.synchronize()
-            return run
-
-        def t_together(host: Any) -> Callable[[], None]:
-            def run() -> None:
-                host.to(target, non_blocking=True)
-                work()
-                torch.cuda.synchronize()
-            return run
-
-        cases.update({
-            "torch pinned copy alone": t_copy(t_pinned),
-            "torch pinned non_blocking copy + work": t_together(t_pinned),
-            "torch pageable copy alone": t_copy(t_pageable),
-            "torch pageable non_blocking copy + work": t_together(t_pageable),
-        })
+        cases.update(_torch_overlap_cases(torch, pinned, pageable, work))
     return cases
+
+
+def _torch_overlap_cases(torch: Any, pinned: np.ndarray, pageable: np.ndarray,
+                         work: Callable[[], None]) -> dict[str, Callable[[], None]]:
+    """The same overlap cases through PyTorch (its own pinned memory, so it knows it is pinned)."""
+    target = f"cuda:{cudalab.current_device()}"
+    t_pinned = torch.empty(pinned.shape[0], dtype=torch.float32, pin_memory=True)
+    t_pinned.copy_(torch.from_numpy(pinned))
+    t_pageable = torch.from_numpy(pageable)
+
+    def t_copy(host: Any) -> Callable[[], None]:
+        def run() -> None:
+            host.to(target)
+            torch.cuda.synchronize()
+        return run
+
+    def t_together(host: Any) -> Callable[[], None]:
+        def run() -> None:
+            host.to(target, non_blocking=True)
+            work()
+            torch.cuda.synchronize()
+        return run
+
+    return {
+        "torch pinned copy alone": t_copy(t_pinned),
+        "torch pinned non_blocking copy + work": t_together(t_pinned),
+        "torch pageable copy alone": t_copy(t_pageable),
+        "torch pageable non_blocking copy + work": t_together(t_pageable),
+    }
 
 
 def _overlap_part(r: LessonRun, rng: np.random.Generator, torch: Any) -> dict[str, Any]:
