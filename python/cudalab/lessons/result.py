@@ -103,6 +103,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+_CLAIM_HEADER = ["tutorial claim", "tutorial", "measured here", "held", "why"]
+
+
+def _claim_cells(c: Claim) -> list[str]:
+    return [c.claim, _fmt(c.tutorial), f"{_fmt(c.measured)} {c.unit or ''}".strip(),
+            _fmt(c.held), c.why]
+
+
 def _columns(rows: tuple[dict[str, Any], ...]) -> list[str]:
     columns: list[str] = []
     for r in rows:
@@ -205,10 +213,7 @@ class LessonResult:
         if self.findings:
             parts.append("Findings:\n" + "\n".join(f"- {f.text}" for f in self.findings))
         if self.claims:
-            parts.append(format_table(
-                ["tutorial claim", "tutorial", "measured here", "held", "why"],
-                [[c.claim, _fmt(c.tutorial), f"{_fmt(c.measured)} {c.unit or ''}".strip(),
-                  _fmt(c.held), c.why] for c in self.claims]))
+            parts.append(format_table(_CLAIM_HEADER, [_claim_cells(c) for c in self.claims]))
         if self.checks:
             parts.append("Checks:\n" + "\n".join(
                 f"- {c.what}: max error {c.max_error:.3g} (tolerance {c.tolerance:.3g}) "
@@ -233,10 +238,7 @@ class LessonResult:
         if self.findings:
             parts.append("\n".join(f"- {f.text}" for f in self.findings))
         if self.claims:
-            parts.append(md_table(
-                ["tutorial claim", "tutorial", "measured here", "held", "why"],
-                [[c.claim, _fmt(c.tutorial), f"{_fmt(c.measured)} {c.unit or ''}".strip(),
-                  _fmt(c.held), c.why] for c in self.claims]))
+            parts.append(md_table(_CLAIM_HEADER, [_claim_cells(c) for c in self.claims]))
         if self.checks:
             parts.append("\n".join(
                 f"- check: {c.what}: max error {c.max_error:.3g} "
