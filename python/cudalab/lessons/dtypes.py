@@ -78,6 +78,13 @@ def _set_precision(dtype: str) -> None:
         cudalab.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
 
 
+def _ceiling(r: LessonRun, dtype: str) -> str | None:
+    """The measured GEMM ceiling to place `dtype` against; none in quick mode, where
+    measuring five 8192^3 ceilings would take most of a minute (the datasheet peak
+    column stays)."""
+    return None if r.quick else f"matmul_{dtype}"
+
+
 def _torch_matmul(r: LessonRun, torch: Any, dtype: str, a: Any, b: Any, flops: float) -> Any:
     ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
     tout = torch.empty_like(ta)
@@ -86,7 +93,7 @@ def _torch_matmul(r: LessonRun, torch: Any, dtype: str, a: Any, b: Any, flops: f
     flags.allow_tf32 = dtype == "tf32"
     try:
         return r.measure(f"torch matmul {dtype}", lambda: torch.mm(ta, tb, out=tout),
-                         flops=flops, ceiling=f"matmul_{dtype}")
+                         flops=flops, ceiling=_ceiling(r, dtype))
     finally:
         flags.allow_tf32 = previous
 
@@ -101,7 +108,7 @@ def _one_dtype(r: LessonRun, dtype: str, a64: Any, b64: Any, ref: np.ndarray, pe
             abs(a.nbytes - n * n * ITEMSIZE[dtype]), 0)
     _set_precision(dtype)
     m = r.measure(f"matmul {dtype}", lambda: cudalab.matmul(a, b, out=out), flops=flops,
-                  ceiling=f"matmul_{dtype}", metadata={"n": n, "dtype": dtype})
+                  ceiling=_ceiling(r, dtype), metadata={"n": n, "dtype": dtype})
     cudalab.matmul(a, b, out=out)
     err = relative_error(out[:k].astype("float64").get(), ref)
     r.check(f"{dtype} matmul vs NumPy float64 (first {k} rows, max |err| / max |ref|)", err,
