@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudalab import lessons
-from cudalab.lessons import _common_b, access_patterns, batching, graphs, inplace
+from cudalab.lessons import _measuring, access_patterns, batching, graphs, inplace
 
 
 # ---- shared helpers -----------------------------------------------------------------
@@ -17,25 +17,25 @@ from cudalab.lessons import _common_b, access_patterns, batching, graphs, inplac
 
 def test_rel_error_scales_by_the_reference():
     ref = np.array([1.0, -4.0, 2.0])
-    assert _common_b.rel_error(ref, ref) == 0.0
-    assert _common_b.rel_error(ref + [0.0, 0.4, 0.0], ref) == pytest.approx(0.1)
-    assert _common_b.rel_error(np.ones(2), np.ones(3)) == math.inf
-    assert _common_b.rel_error(np.full(2, 0.5), np.zeros(2)) == 0.5
+    assert _measuring.rel_error(ref, ref) == 0.0
+    assert _measuring.rel_error(ref + [0.0, 0.4, 0.0], ref) == pytest.approx(0.1)
+    assert _measuring.rel_error(np.ones(2), np.ones(3)) == math.inf
+    assert _measuring.rel_error(np.full(2, 0.5), np.zeros(2)) == 0.5
 
 
 def test_pick_by_margin():
     texts = ("up {x:.1f}", "down {inv:.1f}", "same {x:.2f}")
-    assert _common_b.pick(2.0, 1.5, *texts) == "up 2.0"
-    assert _common_b.pick(0.5, 1.5, *texts) == "down 2.0"
-    assert _common_b.pick(1.2, 1.5, *texts) == "same 1.20"
+    assert _measuring.pick(2.0, 1.5, *texts) == "up 2.0"
+    assert _measuring.pick(0.5, 1.5, *texts) == "down 2.0"
+    assert _measuring.pick(1.2, 1.5, *texts) == "same 1.20"
 
 
 def test_ratio_and_random_array():
-    assert _common_b.ratio(6.0, 2.0) == 3.0
-    assert _common_b.ratio(1.0, 0.0) == math.inf
-    x = _common_b.random_array(3, (4, 5))
+    assert _measuring.ratio(6.0, 2.0) == 3.0
+    assert _measuring.ratio(1.0, 0.0) == math.inf
+    x = _measuring.random_array(3, (4, 5))
     assert x.dtype == np.float32 and x.shape == (4, 5) and np.all(x != 0)
-    np.testing.assert_array_equal(x, _common_b.random_array(3, (4, 5)))
+    np.testing.assert_array_equal(x, _measuring.random_array(3, (4, 5)))
 
 
 # ---- 4 batching ---------------------------------------------------------------------
@@ -128,11 +128,11 @@ def test_inplace_pool_use_counts_peak_and_allocations():
 
 def test_break_even_uses():
     # copy 10, strided 3 per use, contiguous 1 per use: 10 + n < 3n from n = 6.
-    assert _common_b.break_even_uses(10.0, 3.0, 1.0) == 6
-    assert _common_b.break_even_uses(0.5, 3.0, 1.0) == 1
-    assert _common_b.break_even_uses(10.0, 1.0, 1.0) is None
-    assert _common_b.break_even_uses(10.0, 1.0, 2.0) is None
-    n = _common_b.break_even_uses(7.3, 2.2, 0.9)
+    assert _measuring.break_even_uses(10.0, 3.0, 1.0) == 6
+    assert _measuring.break_even_uses(0.5, 3.0, 1.0) == 1
+    assert _measuring.break_even_uses(10.0, 1.0, 1.0) is None
+    assert _measuring.break_even_uses(10.0, 1.0, 2.0) is None
+    n = _measuring.break_even_uses(7.3, 2.2, 0.9)
     assert 7.3 + n * 0.9 < n * 2.2 and not 7.3 + (n - 1) * 0.9 < (n - 1) * 2.2
 
 
@@ -187,9 +187,9 @@ def test_graphs_one_use_break_even_k():
 def test_graphs_break_even_replays_from_costs():
     # Capture 100 us, eager 64 ops x 5 us = 320 us, replay 64 x 1 us = 64 us: saving 256 us
     # per use, so the first replay already pays.
-    assert _common_b.break_even_uses(100e-6, 320e-6, 64e-6) == 1
+    assert _measuring.break_even_uses(100e-6, 320e-6, 64e-6) == 1
     # Capture 1 ms, saving 4 us per use: 251 replays.
-    assert _common_b.break_even_uses(1e-3, 9e-6, 5e-6) == 251
+    assert _measuring.break_even_uses(1e-3, 9e-6, 5e-6) == 251
     assert graphs.per_op_change(5.0) == "5.0x less"
     assert graphs.per_op_change(0.5) == "2.0x more"
     text = graphs.break_even_text((1, 64), (None, 3))
@@ -343,7 +343,7 @@ def fake_backend(monkeypatch, request):
     rng = np.random.default_rng(0)
     for module in (batching, inplace, access_patterns, graphs):
         monkeypatch.setattr(module, "cudalab", fake)
-    monkeypatch.setattr(_common_b, "_core", fake)
+    monkeypatch.setattr(_measuring, "_core", fake)
 
     def host_clock(cases, repeats, warmup):
         return {name: [fn() or float(rng.uniform(1e-5, 1e-3)) for _ in range(3)]
@@ -352,7 +352,7 @@ def fake_backend(monkeypatch, request):
     def host_measurement(times, *, calls, label, **kw):
         return fake_measurement(label, median=float(np.median(times)) / calls)
 
-    for module in (_common_b, graphs):
+    for module in (_measuring, graphs):
         monkeypatch.setattr(module, "host_clock", host_clock)
         monkeypatch.setattr(module, "host_measurement", host_measurement)
     launch = types.SimpleNamespace(value=2.5e-6)

@@ -18,7 +18,7 @@ import numpy as np
 
 import cudalab
 
-from ._common_b import break_even_uses, pick, random_array, ratio, rel_error
+from ._measuring import break_even_uses, pick, random_array, ratio, rel_error
 from .registry import LessonRun, lesson
 
 TRANSPOSE_METHODS = ("naive", "coalesced_write", "tiled", "tiled_padded", "best")

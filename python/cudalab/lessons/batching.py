@@ -17,7 +17,7 @@ from typing import Any
 import cudalab
 
 from ..bench import ceiling
-from ._common_b import host_time, pick, random_array, ratio, rel_error
+from ._measuring import host_time, pick, random_array, ratio, rel_error
 from .registry import LessonRun, lesson
 
 # A method at least this many times faster than another counts as a real win;

@@ -17,7 +17,7 @@ import numpy as np
 
 import cudalab
 
-from ._common_a import claim_at_least
+from ._analysis import claim_at_least
 from .registry import LessonRun, lesson
 
 # fp64 at this fraction of the fp32 rate or more: full-rate fp64 (FP64 tensor

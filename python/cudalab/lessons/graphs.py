@@ -19,7 +19,7 @@ import numpy as np
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from ._common_b import break_even_uses, host_time, random_array, ratio, rel_error
+from ._measuring import break_even_uses, host_time, random_array, ratio, rel_error
 from .registry import LessonRun, lesson
 
 # Replay counts as a real win per op when it is at least this much faster than eager.

@@ -17,7 +17,7 @@ import numpy as np
 
 import cudalab
 
-from ._common_b import host_time, random_array, ratio, rel_error
+from ._measuring import host_time, random_array, ratio, rel_error
 from .registry import LessonRun, lesson
 
 # The chain's constants: |y| stays bounded (fixed point 0.5), so repeats never overflow.

@@ -1,4 +1,4 @@
-"""Small helpers shared by the batching, inplace, access_patterns and graphs lessons."""
+"""Helpers for taking lesson measurements: host-clock timing, random inputs, errors, verdict wording."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Small pure helpers of lessons 0-3: claim verdicts, sizes, fits (no GPU)."""
+"""Pure helpers for judging lesson numbers: claim verdicts, sizes, the latency + bandwidth fit."""
 
 from __future__ import annotations
 
