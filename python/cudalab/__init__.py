@@ -89,7 +89,6 @@ from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
 from .streams import graph, stream
 # Measurement (issue 5): the timing harness and measured ceilings.
 from . import bench
-from . import lessons
 # GPU monitoring through NVML (optional nvidia-ml-py): cudalab.monitor.GpuMonitor.
 from . import monitor
 # Op profiler (Measurement): cudalab.profiler.profile(), record_function.
@@ -170,3 +169,16 @@ __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, intero
 __all__ += ["bench", "lessons"]  # measurement, the lessons
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
 __all__ += ["profiler"]  # op profiler
+
+
+if _TYPE_CHECKING:
+    from . import lessons  # noqa: F401  (for type checkers; loaded lazily below)
+
+
+def __getattr__(name: str):
+    # The lessons (17 modules) load on first use, not with every `import cudalab`.
+    if name == "lessons":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.lessons")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
