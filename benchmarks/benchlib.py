@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from cudalab.bench import PRESETS, Preset
+from cudalab.bench import PRESETS, Preset, torch_cuda  # noqa: F401  (re-exported for bench_*.py)
 
 # Raw times kept per measurement in a results file: longer series keep this
 # many order statistics (median, quartiles, min and max stay exact), so the
@@ -46,14 +46,6 @@ def require_gpu(who: str) -> None:
             f"{who}: no CUDA device is available (the benchmarks time GPU work and need one)"
         )
 
-
-def torch_cuda() -> Any:
-    """PyTorch when it is installed and sees a CUDA device, else None (torch rows are skipped)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
 # ---- rows -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from cudalab import lessons
 from cudalab.lessons import _analysis as common
-from cudalab.lessons import context, creation, dtypes, transfers
+from cudalab.lessons import _measuring, context, creation, dtypes, transfers
 from cudalab.lessons.result import LessonResult
 
 from _support import fake_measurement
@@ -183,8 +183,8 @@ def test_fp64_verdict_from_rates():
 
 def test_relative_error_and_storage():
     want = np.array([[1.0, -4.0], [2.0, 0.5]])
-    assert dtypes.relative_error(want, want) == 0.0
-    assert dtypes.relative_error(want + 0.04, want) == pytest.approx(0.01)
+    assert _measuring.rel_error(want, want) == 0.0
+    assert _measuring.rel_error(want + 0.04, want) == pytest.approx(0.01)
     assert dtypes.storage("tf32") == "float32" and dtypes.storage("bfloat16") == "bfloat16"
     assert set(dtypes.TOLERANCE) == set(dtypes.ITEMSIZE)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cudalab import lessons
-from cudalab.lessons import _overlap, roofline
+from cudalab.lessons import _measuring, _overlap, roofline
 
 
 # ---- overlap arithmetic ------------------------------------------------------------------
@@ -47,13 +47,13 @@ def test_pipeline_bound_goes_from_the_sum_to_the_slowest_stage():
         _overlap.pipeline_bound((1.0, -1.0), 2)
 
 
-def test_max_rel_error():
+def test_rel_error_of_overlap_checks():
     want = np.array([1.0, -4.0, 2.0])
-    assert _overlap.max_rel_error(want, want) == 0.0
-    assert _overlap.max_rel_error(want + [0.0, 0.4, 0.0], want) == pytest.approx(0.1)
-    assert _overlap.max_rel_error(np.zeros(2), np.zeros(3)) == math.inf
-    assert _overlap.max_rel_error(np.zeros(3), np.zeros(3)) == 0.0
-    assert _overlap.max_rel_error(np.float32(3.0), 2.0) == pytest.approx(0.5)
+    assert _measuring.rel_error(want, want) == 0.0
+    assert _measuring.rel_error(want + [0.0, 0.4, 0.0], want) == pytest.approx(0.1)
+    assert _measuring.rel_error(np.zeros(2), np.zeros(3)) == math.inf
+    assert _measuring.rel_error(np.zeros(3), np.zeros(3)) == 0.0
+    assert _measuring.rel_error(np.float32(3.0), 2.0) == pytest.approx(0.5)
 
 
 # ---- roofline -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ._progress import ProgressBar
 from ._table import format_table
 from .bench import (CEILING_NAMES, MATMUL_DTYPES, PRESETS, Case, CopyCase, MatmulCase,
                     Measurement, Row, Timer, TransferCase, ceilings, format_time, write_results)
-from .bench.cases import HOST_MEMORIES, MIB, TRANSFER_DIRECTIONS
+from .bench.cases import HOST_MEMORIES, MIB, TRANSFER_DIRECTIONS, torch_cuda
 from .devices import device as device_context
 from .devices import get_device_properties
 
@@ -33,13 +33,7 @@ __all__ = ["ChoiceList", "add_parsers", "output_file"]
 
 def _torch(use: bool):
     """torch with CUDA, or None (not installed, no CUDA, or --no-torch)."""
-    if not use:
-        return None
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
+    return torch_cuda() if use else None
 
 
 def _timer(args: argparse.Namespace, progress: Callable[[float], None]) -> Timer:

@@ -22,7 +22,8 @@
 
 from . import baseline, cases, results
 from .baseline import Comparison, compare, load_baseline, parse_threshold
-from .cases import MATMUL_DTYPES, Case, CopyCase, LaunchCase, MatmulCase, Prepared, TransferCase
+from .cases import (MATMUL_DTYPES, Case, CopyCase, LaunchCase, MatmulCase, Prepared, TransferCase,
+                    torch_cuda)
 from .ceilings import CEILING_NAMES, Ceiling, Ceilings, ceiling, ceilings
 from .compare import Compare
 from .hostclock import host_clock, host_measurement
@@ -71,5 +72,6 @@ __all__ = [
     "read_results",
     "results",
     "results_dict",
+    "torch_cuda",
     "write_results",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "MatmulCase",
     "Prepared",
     "TransferCase",
+    "torch_cuda",
 ]
 
 MIB = 1 << 20
@@ -47,6 +48,16 @@ GIB = 1 << 30
 MATMUL_DTYPES: tuple[str, ...] = ("float64", "float32", "tf32", "float16", "bfloat16")
 TRANSFER_DIRECTIONS = ("h2d", "d2h")
 HOST_MEMORIES = ("pinned", "pageable")
+
+
+def torch_cuda() -> Any:
+    """PyTorch when it is installed and sees a CUDA device, else None: the one test
+    every PyTorch comparison (cases, CLI, benchmarks, lessons) makes."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
 
 
 def _check_size(func: str, name: str, value: Any, minimum: int = 1) -> int:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import numpy as np
 
-__all__ = ["Overlap", "max_rel_error", "overlap", "pipeline_bound"]
+__all__ = ["Overlap", "overlap", "pipeline_bound"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +66,3 @@ def pipeline_bound(stages: Sequence[float], chunks: int) -> float:
     if not stages or any(not s >= 0 for s in stages):
         raise ValueError("pipeline_bound() argument 'stages': expected seconds >= 0")
     return (sum(stages) + (chunks - 1) * max(stages)) / chunks
-
-
-def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
-    """``max |got - want| / max |want|`` in float64 (inf when the shapes differ)."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return float("inf")
-    scale = float(np.max(np.abs(want))) if want.size else 1.0
-    if want.size == 0:
-        return 0.0
-    return float(np.max(np.abs(got - want))) / (scale if scale > 0 else 1.0)

@@ -18,6 +18,7 @@ import numpy as np
 import cudalab
 
 from ._analysis import claim_at_least
+from ._measuring import rel_error
 from .registry import LessonRun, lesson
 
 # fp64 at this fraction of the fp32 rate or more: full-rate fp64 (FP64 tensor
@@ -45,14 +46,6 @@ TUTORIAL_FP16_OVER_FP32 = 16.0
 def storage(dtype: str) -> str:
     """storage(dtype) -> str: the array dtype (float32 for tf32)."""
     return "float32" if dtype == "tf32" else dtype
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """relative_error(got, want) -> float: max |got - want| / max |want|."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    scale = float(np.max(np.abs(want)))
-    return float(np.max(np.abs(got - want))) / (scale if scale > 0 else 1.0)
 
 
 def fp64_verdict(ratio: float, capability: tuple[int, int]) -> tuple[bool, str]:
@@ -110,7 +103,7 @@ def _one_dtype(r: LessonRun, dtype: str, a64: Any, b64: Any, ref: np.ndarray, pe
     m = r.measure(f"matmul {dtype}", lambda: cudalab.matmul(a, b, out=out), flops=flops,
                   ceiling=_ceiling(r, dtype), metadata={"n": n, "dtype": dtype})
     cudalab.matmul(a, b, out=out)
-    err = relative_error(out[:k].astype("float64").get(), ref)
+    err = rel_error(out[:k].astype("float64").get(), ref)
     r.check(f"{dtype} matmul vs NumPy float64 (first {k} rows, max |err| / max |ref|)", err,
             TOLERANCE[dtype])
     peak = peaks.get(PEAK_KEY.get(dtype, dtype))

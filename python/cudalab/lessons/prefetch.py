@@ -26,7 +26,8 @@ import numpy as np
 import cudalab
 from cudalab.bench import host_clock, host_measurement
 
-from ._overlap import max_rel_error, overlap
+from ._measuring import rel_error
+from ._overlap import overlap
 from .registry import LessonRun, lesson
 
 # Normalization constants of the host-side preparation (uint8 -> float32).
@@ -232,7 +233,7 @@ def _check_step(r: LessonRun, source: BatchSource, w: Any) -> None:
     x = source.expected(3)[:64]
     got = cudalab.matmul(cudalab.asarray(x), w, precision="highest").get()
     r.check("the step's matmul (64 rows) vs float64 NumPy",
-            max_rel_error(got, x.astype(np.float64) @ w.get().astype(np.float64)),
+            rel_error(got, x.astype(np.float64) @ w.get().astype(np.float64)),
             MATMUL_TOLERANCE)
 
 

@@ -26,7 +26,7 @@ import types
 from typing import Any, Callable, Mapping
 
 from .. import _core
-from ..bench import Measurement, Timer
+from ..bench import Measurement, Timer, torch_cuda
 from .result import Check, Claim, Finding, LessonResult
 
 __all__ = ["Lesson", "LessonCheckError", "LessonRun", "get", "lesson", "names", "run"]
@@ -203,11 +203,7 @@ class LessonRun:
     @staticmethod
     def torch() -> Any:
         """PyTorch when it is installed and sees a CUDA device, else None."""
-        try:
-            import torch
-        except ImportError:
-            return None
-        return torch if torch.cuda.is_available() else None
+        return torch_cuda()
 
 
 def _device_and_env() -> tuple[dict[str, Any], dict[str, Any]]:

@@ -23,7 +23,7 @@ import numpy as np
 import cudalab
 from cudalab.bench import ceiling
 
-from ._overlap import max_rel_error
+from ._measuring import rel_error
 from .registry import LessonRun, lesson
 
 # A kernel whose GPU time is within this many empty-kernel launch times is
@@ -205,22 +205,22 @@ def _check_small(r: LessonRun, dtypes: tuple[str, ...]) -> None:
     ha = rng.standard_normal(1001, dtype=np.float32)
     hb = rng.standard_normal(1001, dtype=np.float32)
     got = cudalab.add(cudalab.asarray(ha), cudalab.asarray(hb)).get()
-    r.check("add (1001 float32) vs NumPy, exact", max_rel_error(got, ha + hb), 0.0)
+    r.check("add (1001 float32) vs NumPy, exact", rel_error(got, ha + hb), 0.0)
     hs = rng.uniform(0.5, 1.5, 100_003).astype(np.float32)
     got = cudalab.sum(cudalab.asarray(hs)).get()
     r.check("sum (100003 float32) vs float64 NumPy",
-            max_rel_error(got, hs.astype(np.float64).sum()), ELEMENTWISE_TOLERANCE)
+            rel_error(got, hs.astype(np.float64).sum()), ELEMENTWISE_TOLERANCE)
     hx = rng.standard_normal((37, 1500)).astype(np.float32)
     got = cudalab.softmax(cudalab.asarray(hx)).get()
     w = np.exp(hx.astype(np.float64) - hx.max(axis=1, keepdims=True))
     r.check("softmax (37x1500 float32) vs float64 NumPy",
-            max_rel_error(got, w / w.sum(1, keepdims=True)), ELEMENTWISE_TOLERANCE)
+            rel_error(got, w / w.sum(1, keepdims=True)), ELEMENTWISE_TOLERANCE)
     for dtype in dtypes:
         a = cudalab.random.normal((67, 129), dtype=_storage(dtype), seed=21)
         b = cudalab.random.normal((129, 45), dtype=_storage(dtype), seed=22)
         got = cudalab.matmul(a, b, precision=_precision(dtype)).get()
         want = a.get().astype(np.float64) @ b.get().astype(np.float64)
-        r.check(f"matmul {dtype} (67x129 @ 129x45) vs float64 NumPy", max_rel_error(got, want),
+        r.check(f"matmul {dtype} (67x129 @ 129x45) vs float64 NumPy", rel_error(got, want),
                 MATMUL_TOLERANCE[dtype])
 
 

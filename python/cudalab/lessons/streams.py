@@ -24,7 +24,8 @@ import numpy as np
 import cudalab
 from cudalab.bench import host_clock, host_measurement
 
-from ._overlap import max_rel_error, pipeline_bound
+from ._measuring import rel_error
+from ._overlap import pipeline_bound
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -108,10 +109,10 @@ def _concurrency(r: LessonRun, torch: Any) -> dict[tuple[str, str, int], Any]:
         _row(r, part="concurrency", case=names[(kernel, impl, count)], kernel=kernel,
              streams=count, impl=impl, ms=x.median * 1e3,
              per_kernel_us=x.median / sizes[kernel] * 1e6, speedup=base.median / x.median)
-    err = max(max_rel_error(y.get(), _softmax_ref(x.get())) for x, y in small)
+    err = max(rel_error(y.get(), _softmax_ref(x.get())) for x, y in small)
     r.check(f"{len(small)} one-block softmax outputs vs float64 NumPy", err, TOLERANCE)
     want = _softmax_ref(big_x.get())
-    err = max(max_rel_error(y.get(), want) for _, y in (big[0], big[-1]))
+    err = max(rel_error(y.get(), want) for _, y in (big[0], big[-1]))
     r.check("full-GPU softmax outputs (first, last) vs float64 NumPy", err, TOLERANCE)
     return m
 
@@ -183,7 +184,7 @@ def _pipeline_part(r: LessonRun, rng: np.random.Generator) -> dict[int, float]:
         pipeline(streams, host_in, host_out, max(p["chunks"]), p["compute_passes"])
         r.check(f"pipeline on {count} stream(s), {max(p['chunks'])} chunks vs float64 NumPy "
                 f"(every {CHECK_STRIDE}th element)",
-                max_rel_error(host_out[::CHECK_STRIDE], want), TOLERANCE)
+                rel_error(host_out[::CHECK_STRIDE], want), TOLERANCE)
     cases = {(c, s): (lambda c=c, s=s: pipeline(variants[s], host_in, host_out, c,
                                                  p["compute_passes"]))
              for c in p["chunks"] for s in variants}
