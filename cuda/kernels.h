@@ -156,6 +156,18 @@ cudaError_t cl_transpose_2d(void *dst, int64_t ld_dst, const void *src, int64_t 
                             int64_t src_stride1, int64_t rows, int64_t cols, cl_dtype dtype,
                             int method, cudaStream_t stream);
 
+/* ---- pad.cu --------------------------------------------------------------- */
+
+/* depth row-major matrices into the contiguous dst (depth x dst_rows x
+ * dst_cols): dst[b][r][c] = src[b * src_batch + r * src_row + c] (element
+ * strides) for r < rows, c < cols, and 0 elsewhere. Pads with zeros when dst
+ * is larger, crops when dst_cols < src_row. Raw bits of `itemsize` (2 or 4)
+ * bytes; requires rows <= dst_rows, cols <= dst_cols and both pointers
+ * aligned to the element size. */
+cudaError_t cl_pad_matrices(void *dst, int64_t dst_rows, int64_t dst_cols, const void *src,
+                            int64_t src_batch, int64_t src_row, int64_t rows, int64_t cols,
+                            int64_t depth, size_t itemsize, cudaStream_t stream);
+
 /* ---- softmax.cu ---------------------------------------------------------- */
 
 /* softmax (log = 0) or log_softmax (log = 1) along one axis of a float array

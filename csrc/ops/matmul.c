@@ -588,7 +588,7 @@ operand_aligned(operand *o, int64_t rows_p, int64_t cols_p)
 }
 
 /* Whether `o` is row-major with its matrices one batch stride apart (rows *
- * pitch): what one pitched 3-D copy reads. Sets the row pitch in elements. */
+ * pitch): what cl_pad_matrices reads. Sets the row pitch in elements. */
 static bool
 operand_pitched(const operand *o, int64_t *pitch)
 {
@@ -610,42 +610,6 @@ operand_pitched(const operand *o, int64_t *pitch)
         expect *= a->shape[i];
     }
     return true;
-}
-
-/* The runtime's pitched pointer and extent (its make_* helpers are not C). */
-static struct cudaPitchedPtr
-pitched(void *ptr, size_t pitch, size_t xsize, size_t ysize)
-{
-    return (struct cudaPitchedPtr){.ptr = ptr, .pitch = pitch, .xsize = xsize, .ysize = ysize};
-}
-
-static struct cudaExtent
-extent3(size_t width, size_t height, size_t depth)
-{
-    return (struct cudaExtent){.width = width, .height = height, .depth = depth};
-}
-
-/* Zero the padding of `dst` (depth matrices of rows_p x cols_p, contiguous)
- * beyond rows x cols with two 2-D memsets: the columns strip of every row
- * of the stack, then the tail rows of each matrix (one "row" per matrix). */
-static int
-zero_padding(mm_problem *p, DeviceArray *dst, int64_t depth, int64_t rows, int64_t cols,
-             int64_t rows_p, int64_t cols_p)
-{
-    size_t item = cl_itemsize(p->dtype), pitch = (size_t)cols_p * item;
-    if (cols_p > cols) {
-        CL_CUDA_CHECK(p->op.st, cudaMemset2DAsync(dst->data + cols * item, pitch, 0,
-                                                  (size_t)(cols_p - cols) * item,
-                                                  (size_t)(rows_p * depth), p->op.stream));
-    }
-    if (rows_p > rows) {
-        CL_CUDA_CHECK(p->op.st, cudaMemset2DAsync(dst->data + rows * pitch, rows_p * pitch, 0,
-                                                  (size_t)(rows_p - rows) * pitch,
-                                                  (size_t)depth, p->op.stream));
-    }
-    return 0;
-fail:
-    return -1;
 }
 
 /* Make `o` a C-contiguous rows_p x cols_p (per batch) copy with zeros
@@ -678,19 +642,10 @@ operand_pad(mm_problem *p, operand *o, int64_t rows_p, int64_t cols_p)
     if (dst == NULL) {
         return -1;
     }
-    size_t item = cl_itemsize(p->dtype);
-    struct cudaMemcpy3DParms copy;
-    memset(&copy, 0, sizeof copy);
-    copy.srcPtr = pitched(src->data, (size_t)pitch * item, (size_t)o->cols * item,
-                                      (size_t)o->rows);
-    copy.dstPtr = pitched(dst->data, (size_t)cols_p * item, (size_t)cols_p * item,
-                                      (size_t)rows_p);
-    copy.extent = extent3((size_t)o->cols * item, (size_t)o->rows, (size_t)depth);
-    copy.kind = cudaMemcpyDeviceToDevice;
-    CL_CUDA_CHECK(p->op.st, cudaMemcpy3DAsync(&copy, p->op.stream));
-    if (zero_padding(p, dst, depth, o->rows, o->cols, rows_p, cols_p) < 0) {
-        goto fail;
-    }
+    /* One pass: the copy and the zeros beyond rows x cols. */
+    CL_CUDA_CHECK(p->op.st, cl_pad_matrices(dst->data, rows_p, cols_p, src->data,
+                                            o->rows * pitch, pitch, o->rows, o->cols, depth,
+                                            cl_itemsize(p->dtype), p->op.stream));
     Py_SETREF(o->arr, dst);
     operand_load(o, o == &p->oa);
     return 0;
@@ -728,11 +683,9 @@ matmul_pad(mm_problem *p, DeviceArray **padded)
 static int
 result_unpad(mm_problem *p, const DeviceArray *padded, DeviceArray *target, int64_t n)
 {
-    size_t item = cl_itemsize(p->dtype);
-    size_t rows = (size_t)(cl_array_size(target) / n);
-    CL_CUDA_CHECK(p->op.st, cudaMemcpy2DAsync(target->data, (size_t)n * item, padded->data,
-                                              (size_t)p->N * item, (size_t)n * item, rows,
-                                              cudaMemcpyDeviceToDevice, p->op.stream));
+    int64_t rows = cl_array_size(target) / n;
+    CL_CUDA_CHECK(p->op.st, cl_pad_matrices(target->data, rows, n, padded->data, 0, p->N, rows,
+                                            n, 1, cl_itemsize(p->dtype), p->op.stream));
     return 0;
 fail:
     return -1;
