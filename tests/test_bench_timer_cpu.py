@@ -170,3 +170,40 @@ def test_progress_is_reported_between_0_and_1(gpu):
 def test_measure_uses_the_named_preset(gpu):
     m = T.measure(work(gpu, 1e-3), preset="quick", warmup=0.0, ceiling=None, label="x")
     assert m.settings["name"] == "quick" and m.label == "x"
+
+
+def test_warm_up_keeps_at_most_one_call_queued_ahead_of_the_gpu(gpu, monkeypatch):
+    # Events know how many launches preceded them; synchronizing on one marks
+    # those launches done. A call queued while N earlier ones are not known to
+    # be done would wait behind N calls on a real GPU.
+    done = [0]
+    base = T._core.Event
+
+    class Event(base):
+        def record(self):
+            super().record()
+            self.launches = gpu.launches
+
+        def synchronize(self):
+            done[0] = max(done[0], getattr(self, "launches", 0))
+
+    monkeypatch.setattr(T._core, "Event", Event)
+    warming, ahead = [True], []
+    probe = T._Runner.probe
+
+    def first_probe_ends_warm_up(self):
+        warming[0] = False
+        return probe(self)
+
+    monkeypatch.setattr(T._Runner, "probe", first_probe_ends_warm_up)
+
+    def fn():
+        if warming[0]:
+            ahead.append(gpu.launches - done[0])
+        gpu.run(5e-3)
+
+    Timer("quick", warmup=0.02, min_run_time=0.005).measure(fn)
+    assert len(ahead) > 10  # many warm-up calls (instant on the host here)
+    # Once the loop runs, each call waits for the one two back to finish (the
+    # very first call has no event of its own, hence 2 once).
+    assert max(ahead) <= 2 and max(ahead[3:]) <= 1

@@ -3,8 +3,9 @@
 How a measurement runs (all on the current stream, or `stream`), with the
 numbers of the chosen preset (`cudalab.bench.presets`):
 
-1. One call, then warm-up calls for `warmup` seconds (lazy initialisation,
-   cuBLAS heuristics, pool growth, and the clock settling under load).
+1. One call, then warm-up calls for `warmup` seconds of GPU time (lazy
+   initialisation, cuBLAS heuristics, pool growth, and the clock settling
+   under load), never more than one call queued ahead of the GPU.
 2. A probe, twice (the first may still pay for lazy work): one call between
    two events gives a GPU-time estimate, and the host clock around the call
    gives the host (enqueue) time per call.
@@ -158,9 +159,19 @@ class _Runner:
     def warm_up(self) -> Any:
         """Steps 1-4: first call, warm-up, probes, calls per repeat and the hold."""
         result = self.fn(*self.args)
+        # Warm up for `warmup` seconds of GPU time: keep at most one call
+        # queued ahead of the GPU. A loop on the host clock alone would
+        # enqueue calls as fast as they launch, up to the launch queue's
+        # depth (about a thousand): seconds of backlog for a long call.
         t_end = time.perf_counter() + self.settings.warmup
+        ahead = None
         while time.perf_counter() < t_end:
             self.fn(*self.args)
+            done = _core.Event()
+            done.record()
+            if ahead is not None:
+                ahead.synchronize()
+            ahead = done
         self.probe()
         gpu, host = self.probe()
         if self.settings.flush_l2 or gpu >= TARGET_REPEAT_S:
