@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import inspect
 import json
 import math
@@ -484,3 +486,36 @@ def test_measurement_rates_text():
                          ceiling_value=4e9, ceiling_unit="B/s")
     assert m.rates() == ["2 TFLOP/s", "2 GB/s", "50.0% of measured copy"]
     assert fake_measurement(times=[1.0]).rates() == []
+
+
+# ---- ceiling_preset: which preset a first measurement uses, and cache reuse ----
+
+
+def test_ceiling_preset_rejects_unknown_presets():
+    from cudalab.bench import ceiling_preset
+
+    with pytest.raises(ValueError, match=r"ceiling_preset\(\) argument 'preset'.*'quick'"):
+        with ceiling_preset("fast"):
+            pass
+
+
+def test_ceiling_cache_is_reused_for_lighter_presets_only(monkeypatch):
+    mod = importlib.import_module("cudalab.bench.ceilings")  # not the ceilings() function
+    measured = []
+
+    def fake_run(name, props, preset):
+        measured.append(preset)
+        return f"{name} at {preset}"
+
+    monkeypatch.setattr(mod, "_cache", {})
+    monkeypatch.setattr(mod, "_run", fake_run)
+    monkeypatch.setattr(mod, "_device_index", lambda device, func: 0)
+    monkeypatch.setattr(mod, "get_device_properties", lambda index: None)
+    monkeypatch.setattr("cudalab.devices.device", lambda index: contextlib.nullcontext())
+    with mod.ceiling_preset("quick"):
+        assert mod.ceiling("copy") == "copy at quick"
+        assert mod.ceiling("copy") == "copy at quick"  # cached
+    assert mod.ceiling("copy") == "copy at sustained"  # a quick one does not serve sustained
+    with mod.ceiling_preset("quick"):
+        assert mod.ceiling("copy") == "copy at sustained"  # a sustained one serves quick
+    assert measured == ["quick", "sustained"]

@@ -13,7 +13,8 @@
   transfers and launch latency, defined once and used by the ceilings, the
   CLI and ``benchmarks/``.
 * `ceilings()` / `ceiling(name)`: what this GPU measurably does at best,
-  measured once per process, beside the theoretical peaks.
+  measured once per process, beside the theoretical peaks;
+  `ceiling_preset("quick")` makes the first measurement light (quick lessons).
 * `host_clock` / `host_measurement`: host-clock timing for host-side figures.
 * Results files (`cudalab.bench.results`): one JSON schema with one machine
   block, written by `write_results` and read by `read_results`; baselines
@@ -24,7 +25,7 @@ from . import baseline, cases, results
 from .baseline import Comparison, compare, load_baseline, parse_threshold
 from .cases import (MATMUL_DTYPES, Case, CopyCase, LaunchCase, MatmulCase, Prepared, TransferCase,
                     torch_cuda)
-from .ceilings import CEILING_NAMES, Ceiling, Ceilings, ceiling, ceilings
+from .ceilings import CEILING_NAMES, Ceiling, Ceilings, ceiling, ceiling_preset, ceilings
 from .compare import Compare
 from .hostclock import host_clock, host_measurement
 from .measurement import Measurement, format_time
@@ -58,6 +59,7 @@ __all__ = [
     "baseline",
     "cases",
     "ceiling",
+    "ceiling_preset",
     "ceilings",
     "compare",
     "dumps",

@@ -24,10 +24,16 @@ matmul_<dtype>     ``MatmulCase``: n^3 GEMM through               tensor/FMA
 Each is measured on first use, once per process and device, with the
 "sustained" preset (the clock settled under load), and cached:
 `ceiling(name)` measures only that one, `ceilings()` measures all of them.
+Inside ``with ceiling_preset("quick"):`` (what quick lessons do) a ceiling
+not yet cached is measured with that lighter preset instead, in about a
+tenth of the time; a later request outside the block measures it again at
+the full preset. Every Ceiling's measurement names the preset it used.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any, Iterable, Mapping
 
@@ -39,7 +45,8 @@ from .measurement import Measurement, format_time
 from .results import Row
 from .timer import Timer
 
-__all__ = ["CEILING_NAMES", "Ceiling", "Ceilings", "ceiling", "ceilings", "resolve_ceiling"]
+__all__ = ["CEILING_NAMES", "Ceiling", "Ceilings", "ceiling", "ceiling_preset", "ceilings",
+           "resolve_ceiling"]
 
 CEILING_NAMES: tuple[str, ...] = (
     "copy", "h2d", "d2h", "launch", *(f"matmul_{d}" for d in MATMUL_DTYPES)
@@ -48,7 +55,8 @@ TRANSFER_BYTES = 256 << 20
 COPY_BYTES = 1 << 30
 LAUNCHES = 10_000
 
-_cache: dict[tuple[int, str], "Ceiling"] = {}
+# (device, name) -> (preset it was measured with, the ceiling)
+_cache: dict[tuple[int, str], tuple[str, "Ceiling"]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +167,35 @@ class Ceilings(Mapping[str, Ceiling]):
 
 # ---- the measurements ---------------------------------------------------------------
 
-# The preset every ceiling is measured with.
+# The preset ceilings are measured with, unless ceiling_preset() says otherwise.
 CEILING_PRESET = "sustained"
+# The presets ceiling_preset() takes, lightest first: a cached ceiling serves
+# a request for its own preset or a lighter one.
+CEILING_PRESETS = ("quick", "default", "sustained")
+_preset: contextvars.ContextVar[str] = contextvars.ContextVar("cudalab_ceiling_preset",
+                                                              default=CEILING_PRESET)
+
+
+@contextlib.contextmanager
+def ceiling_preset(preset: str):
+    """Within the block, measure ceilings not yet cached with `preset`.
+
+    Quick lessons use ``ceiling_preset("quick")`` so that a ceiling they
+    need costs a fraction of a second instead of several; a ceiling already
+    measured with the same or a heavier preset is reused as it is.
+
+    Parameters
+    ----------
+    preset : {'quick', 'default', 'sustained'}
+    """
+    if preset not in CEILING_PRESETS:
+        raise ValueError(f"ceiling_preset() argument 'preset': expected one of "
+                         f"{', '.join(repr(p) for p in CEILING_PRESETS)}, got {preset!r}")
+    token = _preset.set(preset)
+    try:
+        yield
+    finally:
+        _preset.reset(token)
 
 
 def _case(name: str, device: int) -> Case:
@@ -174,9 +209,9 @@ def _case(name: str, device: int) -> Case:
     return MatmulCase.sized_for(name[len("matmul_"):], _core.mem_get_info(device)[0])
 
 
-def _run(name: str, props) -> Ceiling:
+def _run(name: str, props, preset: str) -> Ceiling:
     case = _case(name, props.device)
-    m = case.measure(Timer(CEILING_PRESET), label="ceiling", sub_label=name, description=None)
+    m = case.measure(Timer(preset), label="ceiling", sub_label=name, description=None)
     if isinstance(case, LaunchCase):
         return Ceiling(name=name, value=m.median, unit="s", theoretical=None, measurement=m)
     if isinstance(case, MatmulCase):
@@ -213,6 +248,8 @@ def _device_index(device: int | None, func: str) -> int:
 def ceiling(name: str, device: int | None = None, refresh: bool = False) -> Ceiling:
     """Measure (once per process) and return one ceiling of `device`.
 
+    Measured with the "sustained" preset, or the one `ceiling_preset` set.
+
     Parameters
     ----------
     name : str
@@ -225,12 +262,15 @@ def ceiling(name: str, device: int | None = None, refresh: bool = False) -> Ceil
     name = _check_name(name, "ceiling", "name")
     index = _device_index(device, "ceiling")
     key = (index, name)
-    if refresh or key not in _cache:
+    preset = _preset.get()
+    cached = _cache.get(key)
+    if refresh or cached is None or (CEILING_PRESETS.index(cached[0]) <
+                                     CEILING_PRESETS.index(preset)):
         from ..devices import device as device_context
 
         with device_context(index):
-            _cache[key] = _run(name, get_device_properties(index))
-    return _cache[key]
+            cached = _cache[key] = (preset, _run(name, get_device_properties(index), preset))
+    return cached[1]
 
 
 def ceilings(device: int | None = None, names: Iterable[str] | None = None,
