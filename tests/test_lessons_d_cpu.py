@@ -227,19 +227,24 @@ def test_batch_source_prepares_distinct_deterministic_batches():
                                       np.float32(prefetch.INV_STD), 2, axis=1))
 
 
-def test_host_loader_reuses_its_staging_slots_per_epoch():
-    src = _source()
+def _counting_staging():
     made = []
 
     def staging(shape):
         made.append(np.empty(shape, np.float32))
         return made[-1]
+    return made, staging
 
+
+def test_host_loader_allocates_its_staging_ring_once():
+    src = _source()
+    made, staging = _counting_staging()
     loader = prefetch.HostLoader(src, pinned=True, pinned_empty=staging)
     ptrs = [host.ctypes.data for _, host in loader]
     assert len(made) == prefetch.SLOTS and len(set(ptrs)) == prefetch.SLOTS
-    list(loader)
-    assert len(made) == 2 * prefetch.SLOTS  # a new epoch allocates its own
+    assert ptrs[:prefetch.SLOTS] * (src.batches // prefetch.SLOTS) == ptrs  # round robin
+    assert [i for i, _ in loader] == list(range(src.batches))
+    assert len(made) == prefetch.SLOTS  # a new epoch reuses the ring
     pageable = prefetch.HostLoader(src, pinned=False)
     assert [i for i, _ in pageable] == list(range(src.batches))
 
@@ -262,17 +267,22 @@ def test_prefetcher_with_one_iterator_delivers_every_batch_in_order():
     assert [w[2] for w in waits] == [rec[2] for rec in records]
     recorded = [e for e in api.log if e[0] == "record_stream"]
     assert recorded == [("record_stream", "consumer")] * src.batches
-    # Before a staging slot is refilled, the copy that read it has been waited for.
-    assert sum(1 for e in api.log if e[0] == "sync") == src.batches - 1
+    # Before a staging slot is refilled, the copy that read it has been waited for:
+    # every refill after the first round of the ring.
+    assert sum(1 for e in api.log if e[0] == "sync") == src.batches - prefetch.SLOTS
 
 
 def test_prefetcher_that_restarts_its_iterator_repeats_the_first_batch():
     src = _source()
     api = _FakeApi()
-    loader = prefetch.HostLoader(src, pinned=True, pinned_empty=lambda s: np.empty(s, np.float32))
+    made, staging = _counting_staging()
+    loader = prefetch.HostLoader(src, pinned=True, pinned_empty=staging)
     distinct, wrong = prefetch._consumed(prefetch.Prefetcher(loader, api, restart=True),
                                          src.batches, src)
     assert distinct == 1 and wrong == src.batches - 1
+    # Each restart takes the next buffer of the loader's ring, after its copy.
+    assert len(made) == prefetch.SLOTS
+    assert sum(1 for e in api.log if e[0] == "sync") >= src.batches - prefetch.SLOTS
 
 
 def test_synchronous_loading_uploads_blocking():

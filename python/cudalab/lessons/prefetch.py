@@ -11,8 +11,8 @@ consumer, and a staging buffer is refilled only once the copy that read it
 is done.
 
 The tutorial's prefetcher calls ``next(iter(loader))`` for every batch: it
-restarts the loader each time (here: new staging buffers, then batch 0
-again). The lesson times that pattern too, and its check shows what timing
+restarts the loader each time (here: batch 0 again, prepared into the next
+staging buffer). The lesson times that pattern too, and its check shows what timing
 alone does not: it hands out the first batch over and over.
 """
 
@@ -33,7 +33,7 @@ from .registry import LessonRun, lesson
 # Normalization constants of the host-side preparation (uint8 -> float32).
 MEAN = 127.5
 INV_STD = 1.0 / 64.0
-# Pinned staging buffers per loader iterator: one being filled, one being copied.
+# Pinned staging buffers per loader: one being filled, one being copied.
 SLOTS = 2
 # The GPU step is this many matmuls at most, sized to take about as long as
 # the host preparation (where prefetching has the most to hide).
@@ -70,20 +70,38 @@ class BatchSource:
 class HostLoader:
     """An iterable over (index, host batch), like a DataLoader without workers.
 
-    Each ``iter()`` starts an epoch: with `pinned`, it allocates its own
-    pinned staging buffers (filled round-robin); without, every batch is a
-    new pageable array.
+    Without `pinned`, every batch is a new pageable array. With it, batches
+    are prepared into a ring of SLOTS pinned staging buffers that the loader
+    allocates once (page-locking is slow, and freeing pinned memory waits for
+    the whole device) and that every iterator shares, so a restarted
+    iterator takes the next buffer of the ring, not a new one. A buffer is
+    refilled only after the event its last reader handed to `release`.
     """
 
     def __init__(self, source: BatchSource, pinned: bool, pinned_empty: Any = None) -> None:
         self.source, self.pinned = source, pinned
-        self.pinned_empty = pinned_empty or (lambda shape: cudalab.pinned_empty(shape, np.float32))
+        make = pinned_empty or (lambda shape: cudalab.pinned_empty(shape, np.float32))
+        self.slots = [make(source.shape) for _ in range(SLOTS)] if pinned else []
+        self.read_by: list[Any] = [None] * len(self.slots)  # event of the copy reading slot j
+        self.turn = 0  # the slot filled next
+
+    def release(self, host: np.ndarray, event: Any) -> None:
+        """`host`, if one of the staging buffers, may be refilled once `event` completed."""
+        for j, slot in enumerate(self.slots):
+            if slot is host:
+                self.read_by[j] = event
+
+    def _staging(self) -> np.ndarray:
+        j, self.turn = self.turn, (self.turn + 1) % SLOTS
+        if self.read_by[j] is not None:
+            self.read_by[j].synchronize()  # the copy that read it is done
+            self.read_by[j] = None
+        return self.slots[j]
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         src = self.source
-        slots = [self.pinned_empty(src.shape) for _ in range(SLOTS)] if self.pinned else None
         for i in range(src.batches):
-            out = slots[i % SLOTS] if slots else np.empty(src.shape, np.float32)
+            out = self._staging() if self.pinned else np.empty(src.shape, np.float32)
             yield i, src.prepare(i, out)
 
 
@@ -160,12 +178,9 @@ class Prefetcher:
         self.it = None if restart else iter(loader)  # one iterator for the whole epoch
         self.side = api.Stream()
         self.pending: tuple[int, Any, Any] | None = None
-        self.copied = None  # event of the copy handed out last: its staging slot is next
         self._preload()
 
     def _preload(self) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()  # the slot about to be refilled has been read
         try:
             i, host = next(iter(self.loader)) if self.restart else next(self.it)
         except StopIteration:
@@ -173,7 +188,9 @@ class Prefetcher:
             return
         with self.api.stream(self.side):
             batch = self.api.upload(host, non_blocking=True)
-            self.pending = (i, batch, self.api.record(self.side))
+            copied = self.api.record(self.side)
+        self.loader.release(host, copied)  # its staging buffer is reused after the copy
+        self.pending = (i, batch, copied)
 
     def __iter__(self) -> Prefetcher:
         return self
@@ -186,7 +203,6 @@ class Prefetcher:
         consumer.wait_event(event)     # the consumer's work starts after the copy
         batch.record_stream(consumer)  # and the batch's free waits for that work
         self._preload()
-        self.copied = event
         return i, batch
 
 
