@@ -1203,7 +1203,7 @@ def execute(source: Path, target: Path, quick: bool, timeout: float,
     try:
         client.execute(env=env if env is not None else kernel_env(quick))
     except CellExecutionError as exc:
-        error = str(exc)
+        error = ANSI.sub("", str(exc))
     except Exception as exc:  # a dead kernel or a timeout: report it like a failing cell
         error = f"{type(exc).__name__}: {exc}"
     data = joined(json.loads(json.dumps(nb)))
@@ -1297,7 +1297,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(paths: list[Path], quick: bool, timeout: float) -> int:
     """Execute each notebook in place; print its wall time, then the total; 1 on any error."""
     failed, total = [], 0.0
-    print(f"executing {len(paths)} notebooks ({'quick' if quick else 'full'} parameters)", flush=True)
+    print(f"executing {len(paths)} notebook(s) with {'quick' if quick else 'full'} parameters",
+          flush=True)
     for path in paths:
         start = time.perf_counter()
         error = execute(path, path, quick, timeout)
@@ -1306,7 +1307,7 @@ def run_all(paths: list[Path], quick: bool, timeout: float) -> int:
         print(f"{seconds:8.1f} s  {path.name}{'  FAILED' if error else ''}", flush=True)
         if error:
             failed.append(path.name)
-            tail = "\n".join(ANSI.sub("", error).strip().splitlines()[-12:])
+            tail = "\n".join(error.strip().splitlines()[-12:])
             print(textwrap.indent(tail, "    "), file=sys.stderr, flush=True)
     print(f"{total:8.1f} s  total, {len(paths) - len(failed)} of {len(paths)} notebooks ran "
           f"without error", flush=True)
