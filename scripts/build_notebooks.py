@@ -302,7 +302,7 @@ def pages() -> dict[str, Page]:
                 cudalab.synchronize()
                 after = cudalab.mem_get_info()[0]
                 print(f"the first matmul took {(before - after) / 2**20:.1f} MiB more from the driver; "
-                      f"the pool counts {cudalab.memory_allocated()} bytes (two 16 KiB arrays)")
+                      f"the pool counts {cudalab.memory_allocated()} bytes (a and c are 16 KiB each)")
             '''),
             try_params={"runs": 2, "torch": False},
         ),
@@ -420,7 +420,7 @@ def pages() -> dict[str, Page]:
             claim=f"""
                 Batching 32 products of {batching.TUTORIAL_SIZE}x{batching.TUTORIAL_SIZE}
                 matrices into one call is about {batching.TUTORIAL_SPEEDUP:.0f}x faster than a loop
-                ({batching.TUTORIAL_SPEEDUP} on the tutorial's T4).
+                ({batching.TUTORIAL_SPEEDUP}x on the tutorial's T4).
             """,
             timed="""
                 The loop and the batched call on the same operands, then the loop captured once
