@@ -1136,7 +1136,7 @@ def _scrub_output(output: dict[str, Any]) -> None:
     if isinstance(output.get("text"), str):
         output["text"] = scrub(output["text"])
     for key, value in output.get("data", {}).items():
-        if isinstance(value, str) and not key.startswith("image/") or key == "image/svg+xml":
+        if isinstance(value, str) and (not key.startswith("image/") or key == "image/svg+xml"):
             output["data"][key] = scrub(value)
     if "traceback" in output:
         output["traceback"] = [scrub(line) for line in output["traceback"]]
