@@ -880,3 +880,32 @@ def fake_gpu_measurement(label: str, median: float, **fields):
     """
     fields.setdefault("device", "Fake GPU")
     return fake_measurement(label, median=median, **fields)
+
+
+# ===================================================== notebooks ===
+
+# Roots of absolute paths that must not appear in a committed notebook.
+ABSOLUTE_ROOTS = ("/home/", "/work/", "/tmp/", "/usr/", "/opt/", "/root/", "/var/", "/mnt/",
+                  "/Users/", "/private/", "/scratch/", "/srv/", "/etc/", "/proc/", "/data/")
+
+
+def notebook_texts(value):
+    """notebook_texts(value) -> iterator of str
+
+    Every string inside a notebook's JSON `value`, image data left out
+    (base64 is not text; SVG is).
+    """
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from notebook_texts(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if not (isinstance(k, str) and k.startswith("image/") and k != "image/svg+xml"):
+                yield from notebook_texts(v)
+
+
+def absolute_paths(nb) -> list[str]:
+    """absolute_paths(nb) -> list of str: the texts of `nb` that hold an absolute path."""
+    return [t for t in notebook_texts(nb) if any(root in t for root in ABSOLUTE_ROOTS)]
