@@ -15,8 +15,9 @@
 //      lane; 16-byte vector loads and stores when every row is aligned), the
 //      max and the sum are warp shuffles, and the result is written from the
 //      registers: one read and one write per element.
-//   2. softmax_block  -- the axis is contiguous and longer: one 256-thread
-//      block per row. The first pass keeps a running (max, sum) per thread:
+//   2. softmax_block  -- the axis is contiguous and longer: one block per
+//      row, 128 to 512 threads wide by the row's length. The first pass
+//      keeps a running (max, sum) per thread:
 //      when the max grows the sum so far is rescaled by exp(old - new), so
 //      one pass finds both. The pairs are combined across the block, and a
 //      second pass re-reads the row (mostly from L2) and writes it. Vector
@@ -230,9 +231,17 @@ __global__ void __launch_bounds__(kThreads) softmax_warp(Params p)
 
 // ---- kernel 2: a block per row, two passes ---------------------------------------
 
+// A block of up to 512 threads per row: a long row owned by few blocks (one
+// row, or fewer rows than SMs) is limited by how many loads each SM keeps in
+// flight, not by bandwidth, so the block is as wide as the row can use
+// (block_threads) and both passes keep kUnroll vectors in flight per thread.
+constexpr int kBlockMaxThreads = 512;
+constexpr int kBlockMinThreads = 128;
+
 template <typename A> __device__ MaxSum<A> block_combine(MaxSum<A> r)
 {
-    __shared__ A sm_m[kWarps], sm_s[kWarps];
+    __shared__ A sm_m[kBlockMaxThreads / 32], sm_s[kBlockMaxThreads / 32];
+    const int warps = blockDim.x / 32;
     r = warp_combine(r);
     if (threadIdx.x % 32 == 0) {
         sm_m[threadIdx.x / 32] = r.m;
@@ -240,8 +249,7 @@ template <typename A> __device__ MaxSum<A> block_combine(MaxSum<A> r)
     }
     __syncthreads();
     r = MaxSum<A>{sm_m[0], sm_s[0]};
-#pragma unroll
-    for (int w = 1; w < kWarps; w++) { // every thread, the same order
+    for (int w = 1; w < warps; w++) { // every thread, the same order
         r = combine(r, MaxSum<A>{sm_m[w], sm_s[w]});
     }
     __syncthreads(); // the next row reuses sm_m, sm_s
@@ -249,26 +257,26 @@ template <typename A> __device__ MaxSum<A> block_combine(MaxSum<A> r)
 }
 
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kThreads) softmax_block(Params p)
+__global__ void __launch_bounds__(kBlockMaxThreads) softmax_block(Params p)
 {
     using A = typename AccOf<T>::type;
-    constexpr int64_t kStep = (int64_t)kThreads * kVec;
+    const int64_t step = (int64_t)blockDim.x * kVec;
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) { // uniform per block
         const T *src = static_cast<const T *>(p.src) +
                        row_offset(row, p.inner, p.src_outer, p.src_inner);
         T *dst = static_cast<T *>(p.dst) + row_offset(row, p.inner, p.dst_outer, p.dst_inner);
         MaxSum<A> r{neg_inf<A>(), A(0)};
-        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * kStep) {
+        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * step) {
             T v[kUnroll][kVec];
 #pragma unroll
             for (int u = 0; u < kUnroll; u++) {
-                if (i + u * kStep < p.len) {
-                    load<T, kVec>(v[u], src + i + u * kStep);
+                if (i + u * step < p.len) {
+                    load<T, kVec>(v[u], src + i + u * step);
                 }
             }
 #pragma unroll
             for (int u = 0; u < kUnroll; u++) {
-                if (i + u * kStep < p.len) {
+                if (i + u * step < p.len) {
 #pragma unroll
                     for (int j = 0; j < kVec; j++) {
                         add(r, static_cast<A>(cl::widen(v[u][j])));
@@ -278,16 +286,40 @@ __global__ void __launch_bounds__(kThreads) softmax_block(Params p)
         }
         r = block_combine(r);
         const A scale = p.log ? log_(r.s) : A(1) / r.s;
-        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kStep) {
-            T v[kVec], y[kVec];
-            load<T, kVec>(v, src + i);
+        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * step) {
+            T v[kUnroll][kVec];
 #pragma unroll
-            for (int j = 0; j < kVec; j++) {
-                y[j] = output<T>(static_cast<A>(cl::widen(v[j])), r.m, scale, p.log);
+            for (int u = 0; u < kUnroll; u++) {
+                if (i + u * step < p.len) {
+                    load<T, kVec>(v[u], src + i + u * step);
+                }
             }
-            store<T, kVec>(dst + i, y);
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++) {
+                if (i + u * step < p.len) {
+                    T y[kVec];
+#pragma unroll
+                    for (int j = 0; j < kVec; j++) {
+                        y[j] = output<T>(static_cast<A>(cl::widen(v[u][j])), r.m, scale, p.log);
+                    }
+                    store<T, kVec>(dst + i + u * step, y);
+                }
+            }
         }
     }
+}
+
+// Threads of softmax_block for rows of `len`: one kUnroll x kVec slice of the
+// row per thread, in whole warps, between 128 and 512 (more would cap the
+// registers at 64 and spill the unrolled loads).
+unsigned int
+block_threads(int64_t len, int vec)
+{
+    int64_t want = (len + (int64_t)kUnroll * vec - 1) / ((int64_t)kUnroll * vec);
+    want = (want + 31) / 32 * 32;
+    return (unsigned int)(want < kBlockMinThreads ? kBlockMinThreads
+                                                  : (want > kBlockMaxThreads ? kBlockMaxThreads
+                                                                             : want));
 }
 
 // ---- kernel 3: strided axis, 32 rows per block ------------------------------------
@@ -384,10 +416,10 @@ launch(const cl_softmax_desc &d, cudaStream_t stream)
                        : launch_warp<T, 1, 1>(p, per_lane, stream);
         }
         if (vec) {
-            softmax_block<T, V><<<grid_of(p.rows), kThreads, 0, stream>>>(p);
+            softmax_block<T, V><<<grid_of(p.rows), block_threads(d.len, V), 0, stream>>>(p);
         }
         else {
-            softmax_block<T, 1><<<grid_of(p.rows), kThreads, 0, stream>>>(p);
+            softmax_block<T, 1><<<grid_of(p.rows), block_threads(d.len, 1), 0, stream>>>(p);
         }
         return cudaGetLastError();
     }
