@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -126,3 +127,46 @@ def test_findings_must_rest_on_recorded_measurements():
     r.finding("x", 1.0, "x", labels=("a",))
     with pytest.raises(ValueError, match="recorded twice"):
         r.add(fake_measurement("a"))
+
+
+def test_repr_is_one_short_line_without_host_details():
+    r = _result()
+    text = repr(r)
+    assert text.startswith("<LessonResult 99 'demo' on Fake GPU, quick:")
+    assert "1 rows, 1 findings, 1 claims, 1 checks" in text
+    assert "\n" not in text and "node" not in text and len(text) < 200
+
+
+# ---- versus_torch: PyTorch timings paired with cudalab's by label ----------------------
+
+
+def _timed(label: str, seconds: float):
+    return fake_measurement(label, median=seconds)
+
+
+def test_versus_torch_pairs_by_the_naming_rules_and_the_lessons_twin():
+    from cudalab.lessons.versus import summary, versus_torch
+
+    measurements = {label: _timed(label, s) for label, s in (
+        ("add", 1.0), ("torch add", 2.0),                          # "torch X" -> "X"
+        ("context (cudalab)", 1.0), ("context (torch)", 0.5),      # "(torch)" -> "(cudalab)"
+        ("mlp step", 1.0), ("mlp step torch", 1.0),                # "X torch" -> "X"
+        ("matmul float16 gpu", 1.0), ("matmul float16 torch", 1.0),  # -> "X gpu"
+        ("overlap: copy", 1.0), ("overlap: torch copy", 1.0),      # first "torch " dropped
+        ("torch host randn", 9.0),                                 # no twin: left out
+        ("copy + sum axis 0 (the fix)", 1.0), ("torch copy + sum dim 0 (the fix)", 3.0),
+    )}
+    r = dataclasses.replace(_result(), lesson="access_patterns", measurements=measurements)
+    pairs = {p.torch_label: p for p in versus_torch(r)}
+    assert pairs["torch add"].label == "add" and pairs["torch add"].speedup == pytest.approx(2.0)
+    assert pairs["context (torch)"].label == "context (cudalab)"
+    assert pairs["mlp step torch"].label == "mlp step"
+    assert pairs["matmul float16 torch"].label == "matmul float16 gpu"
+    assert pairs["overlap: torch copy"].label == "overlap: copy"
+    # the lesson's own twin (access_patterns spells PyTorch's axis "dim")
+    assert pairs["torch copy + sum dim 0 (the fix)"].speedup == pytest.approx(3.0)
+    assert "torch host randn" not in pairs
+    line = summary(list(pairs.values()))
+    assert line.startswith("5 of 6 at parity or faster")
+    assert line.endswith("slowest 0.50x (context (cudalab))")
+    assert summary([]) == "-"

@@ -31,3 +31,18 @@ def test_readme_gpu_check_row_matches_the_results_file(results):
 
 def test_there_is_a_gpu_check_results_file():
     assert _gpu_check_files(), "no gpu_check_*.json in the results schema is committed"
+
+
+def _lessons_files():
+    return [pytest.param(path, id=path.name) for path in sorted(RESULTS.glob("lessons_*.json"))]
+
+
+@pytest.mark.parametrize("path", _lessons_files())
+def test_readme_lessons_table_matches_the_results_file(path):
+    from cudalab.lessons import read_results
+
+    lessons_summary = load_module(REPO_ROOT / "scripts" / "lessons_summary.py")
+    table = lessons_summary.readme_table(read_results(path))
+    assert table in README.read_text(), (
+        f"README's Lessons table differs from {path.name}; regenerate it with "
+        f"python scripts/lessons_summary.py {path.relative_to(REPO_ROOT)}")

@@ -173,10 +173,18 @@ def _claims(r: LessonRun, sizes: list[int], rows: list[dict[str, Any]], h2d: flo
                  f"copy ceiling {copy_ceiling / 1e9:.0f} GB/s over pinned h2d {h2d / 1e9:.1f} GB/s")
 
 
+def _torch_twin(label: str) -> str | None:
+    """torch.randn on the device is the twin of device generation (its CPU
+    generator has none: the host path here is NumPy's)."""
+    prefix = "torch randn on device "
+    return "device normal " + label[len(prefix):] if label.startswith(prefix) else None
+
+
 @lesson(1, "creation", title="Create on the device, not on the host and copy",
         seed="Colab notebook lesson 1 (device management and tensor creation)",
         params={"sizes": (256, 512, 1024, 2048, 4096), "repeats": 20},
-        quick_params={"sizes": (256, 1024, 2048), "repeats": 5})
+        quick_params={"sizes": (256, 1024, 2048), "repeats": 5},
+        torch_twin=_torch_twin)
 def run(r: LessonRun) -> None:
     sizes = sorted(int(n) for n in r.params["sizes"])
     rng = np.random.default_rng(1)

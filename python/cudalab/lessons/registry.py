@@ -59,6 +59,10 @@ class Lesson:
         ``function(r: LessonRun) -> None``.
     plot : callable or None
         ``plot(result, ax)`` draws the lesson's figure.
+    torch_twin : callable or None
+        ``torch_twin(torch_label)`` -> the label of cudalab's measurement of
+        the same work, for PyTorch labels that `versus_torch`'s naming rules
+        do not pair (None: no twin).
     """
 
     number: int
@@ -69,6 +73,7 @@ class Lesson:
     quick_params: Mapping[str, Any]
     function: Callable[[LessonRun], None]
     plot: Callable[[LessonResult, Any], None] | None = None
+    torch_twin: Callable[[str], str | None] | None = None
 
     def defaults(self, quick: bool) -> dict[str, Any]:
         merged = dict(self.params)
@@ -81,8 +86,12 @@ _REGISTRY: dict[str, Lesson] = {}
 
 
 def lesson(number: int, name: str, *, title: str, seed: str, params: Mapping[str, Any],
-           quick_params: Mapping[str, Any] | None = None) -> Callable:
+           quick_params: Mapping[str, Any] | None = None,
+           torch_twin: Callable[[str], str | None] | None = None) -> Callable:
     """Register the decorated ``run(r)`` function as lesson `name`.
+
+    `torch_twin` maps a PyTorch measurement's label to cudalab's of the same
+    work where the usual naming does not (see `cudalab.lessons.versus`).
 
     The returned function gains a ``.plot`` decorator to register the
     lesson's figure: ``@run.plot`` on ``def plot(result, ax)``.
@@ -96,7 +105,8 @@ def lesson(number: int, name: str, *, title: str, seed: str, params: Mapping[str
         if name in _REGISTRY or any(x.number == number for x in _REGISTRY.values()):
             raise ValueError(f"lesson {number} {name!r} is registered twice")
         _REGISTRY[name] = Lesson(number, name, title, seed, types.MappingProxyType(dict(params)),
-                                 types.MappingProxyType(quick_params), function)
+                                 types.MappingProxyType(quick_params), function,
+                                 torch_twin=torch_twin)
 
         def set_plot(drawer: Callable[[LessonResult, Any], None]) -> Callable:
             _REGISTRY[name] = dataclasses.replace(_REGISTRY[name], plot=drawer)

@@ -223,6 +223,14 @@ class LessonResult:
     def __str__(self) -> str:
         return self.table()
 
+    def __repr__(self) -> str:
+        # Short: the dataclass default would print every raw time, the host
+        # name and the device UUID (and a notebook shows the repr as text).
+        return (f"<LessonResult {self.number} {self.lesson!r} on "
+                f"{self.device.get('name', '?')}, {'quick' if self.quick else 'full'}: "
+                f"{len(self.rows)} rows, {len(self.findings)} findings, "
+                f"{len(self.claims)} claims, {len(self.checks)} checks>")
+
     def _repr_markdown_(self) -> str:
         def md_table(header: list[str], body: list[list[str]]) -> str:
             esc = [[cell.replace("|", "\\|") for cell in r] for r in [header, *body]]

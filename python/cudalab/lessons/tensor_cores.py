@@ -205,11 +205,18 @@ def _findings(r: LessonRun, dtype: str, sizes: list[int], rates: dict, torch: An
     return s["cliff"]
 
 
+def _torch_twin(label: str) -> str | None:
+    """torch.mm's twin is the same cuBLAS product unpadded (padding is cudalab's own)."""
+    prefix = "torch.mm "
+    return f"matmul {label[len(prefix):]} pad=off" if label.startswith(prefix) else None
+
+
 @lesson(6, "tensor_cores", title="Tensor cores: dimension alignment and padding",
         seed="Colab notebook lesson 6: tensor core optimization (float16, dimensions "
              "divisible by 8/16)",
         params={"sizes": (4095, 4096, 4097, 4104, 8191), "dtypes": DTYPES},
-        quick_params={"sizes": (1023, 1024, 1025, 1032), "dtypes": ("float16", "tf32")})
+        quick_params={"sizes": (1023, 1024, 1025, 1032), "dtypes": ("float16", "tf32")},
+        torch_twin=_torch_twin)
 def run(r: LessonRun) -> None:
     sizes, dtypes = list(r.params["sizes"]), list(r.params["dtypes"])
     check_params(sizes, dtypes)

@@ -121,11 +121,17 @@ def _findings(r: LessonRun, n: int, fits: dict[str, tuple], sizes: list[int]) ->
                    TUTORIAL_REDUCTION_SPEEDUP, ratio, "x", f"{ratio:.1f}x for {n}x{n} float32")
 
 
+# PyTorch's spelling of the reduction cases -> cudalab's (for versus_torch).
+TORCH_TWINS = {"torch sum on device, .item()": "sum on device, get the scalar",
+               "torch .cpu().numpy(), sum in NumPy": "get the array, sum in NumPy"}
+
+
 @lesson(3, "transfers", title="Host round trips: latency plus PCIe bandwidth",
         seed="Colab notebook lesson 3 (CPU-GPU transfer optimization)",
         params={"size": 1000, "repeats": 30,
                 "sweep_kib": (4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)},
-        quick_params={"repeats": 10, "sweep_kib": (4, 64, 1024, 16384, 65536)})
+        quick_params={"repeats": 10, "sweep_kib": (4, 64, 1024, 16384, 65536)},
+        torch_twin=TORCH_TWINS.get)
 def run(r: LessonRun) -> None:
     n = int(r.params["size"])
     sizes = sorted(int(k) * 1024 for k in r.params["sweep_kib"])
