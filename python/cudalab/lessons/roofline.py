@@ -308,6 +308,19 @@ def run(r: LessonRun) -> None:
     _claims(r, placed, big)
 
 
+# Short names for the plot: the float32 and tf32 matmuls at 256^3 become "256 f32/tf32".
+SHORT_DTYPES = {"float64": "f64", "float32": "f32", "tf32": "tf32", "float16": "f16",
+                "bfloat16": "bf16"}
+
+
+def _spot_name(group: list) -> str:
+    first = group[0]
+    if not first["kernel"].startswith("matmul"):
+        return first["kernel"]
+    dtypes = "/".join(SHORT_DTYPES.get(row["dtype"], row["dtype"]) for row in group)
+    return f"{str(first['shape']).split('x')[0]} {dtypes}"
+
+
 @run.plot
 def plot(result: Any, ax: Any) -> None:
     rows = result.rows
@@ -330,11 +343,19 @@ def plot(result: Any, ax: Any) -> None:
         pts = [row for row in rows if row["regime"] == regime]
         ax.scatter([row["intensity"] for row in pts], [row["tflops"] for row in pts],
                    marker=marker, c=[colors[row["dtype"]] for row in pts], label=regime)
+    # One label per spot: matmuls of one size and intensity (float32 and tf32,
+    # float16 and bfloat16) share it, listing their dtypes.
+    spots: dict[tuple, list] = {}
     for row in rows:
-        ax.annotate(row["kernel"].replace("matmul ", "mm "), (row["intensity"], row["tflops"]),
-                    fontsize=6, xytext=(3, 3), textcoords="offset points")
+        key = ((row["shape"], row["intensity"]) if row["kernel"].startswith("matmul")
+               else (row["kernel"],))
+        spots.setdefault(key, []).append(row)
+    for group in spots.values():
+        top = max(group, key=lambda row: row["tflops"])
+        ax.annotate(_spot_name(group), (top["intensity"], top["tflops"]), fontsize=6,
+                    xytext=(4, 4), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte); matmuls named by n (n^3) and dtype")
     ax.set_ylabel("achieved (TFLOP/s)")
     ax.legend(fontsize=6)

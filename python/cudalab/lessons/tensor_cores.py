@@ -247,13 +247,21 @@ def plot(result: Any, ax: Any) -> None:
     styles = {("cudalab", "off"): "--", ("cudalab", "on"): "-", ("torch", None): ":"}
     names = {("cudalab", "off"): "padding off", ("cudalab", "on"): "padding on",
              ("torch", None): "torch.mm"}
+    # Sizes side by side, evenly spaced: on a linear n axis 4095..4104 would
+    # stack into one column beside 8191.
+    sizes = sorted({row["size"] for row in result.rows})
+    aligned = {row["size"]: row["aligned"] for row in result.rows}
     for i, dtype in enumerate(dict.fromkeys(row["dtype"] for row in result.rows)):
         for key, style in styles.items():
             pts = sorted((row["size"], row["tflops"]) for row in result.rows
-                         if row["dtype"] == dtype and (row["impl"], row["pad"]) == key)
+                         if row["dtype"] == dtype and (row["impl"], row.get("pad")) == key)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o",
-                        color=f"C{i}", label=f"{dtype} {names[key]}")
+                ax.plot([sizes.index(p[0]) for p in pts], [p[1] for p in pts], style,
+                        marker="o", color=f"C{i}", label=f"{dtype} {names[key]}")
+    ax.set_xticks(range(len(sizes)))
+    ax.set_xticklabels([f"{n}\n{'aligned' if aligned[n] else 'misaligned'}" for n in sizes],
+                       fontsize=8)
     ax.set_xlabel("n (n x n x n product)")
     ax.set_ylabel("TFLOP/s")
-    ax.legend(fontsize=7)
+    # Below the axes: every height of the plot holds data.
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
