@@ -256,6 +256,20 @@ template <typename A> __device__ MaxSum<A> block_combine(MaxSum<A> r)
     return r;
 }
 
+// The kUnroll vectors of one step of a block-row pass from element i, those
+// inside the row: all loads issued before any is used.
+template <typename T, int kVec>
+__device__ __forceinline__ void
+load_unrolled(T (&v)[kUnroll][kVec], const T *src, int64_t i, int64_t step, int64_t len)
+{
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+        if (i + u * step < len) {
+            load<T, kVec>(v[u], src + i + u * step);
+        }
+    }
+}
+
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kBlockMaxThreads) softmax_block(Params p)
 {
@@ -268,12 +282,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads) softmax_block(Params p)
         MaxSum<A> r{neg_inf<A>(), A(0)};
         for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * step) {
             T v[kUnroll][kVec];
-#pragma unroll
-            for (int u = 0; u < kUnroll; u++) {
-                if (i + u * step < p.len) {
-                    load<T, kVec>(v[u], src + i + u * step);
-                }
-            }
+            load_unrolled<T, kVec>(v, src, i, step, p.len);
 #pragma unroll
             for (int u = 0; u < kUnroll; u++) {
                 if (i + u * step < p.len) {
@@ -288,12 +297,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads) softmax_block(Params p)
         const A scale = p.log ? log_(r.s) : A(1) / r.s;
         for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * step) {
             T v[kUnroll][kVec];
-#pragma unroll
-            for (int u = 0; u < kUnroll; u++) {
-                if (i + u * step < p.len) {
-                    load<T, kVec>(v[u], src + i + u * step);
-                }
-            }
+            load_unrolled<T, kVec>(v, src, i, step, p.len);
 #pragma unroll
             for (int u = 0; u < kUnroll; u++) {
                 if (i + u * step < p.len) {
