@@ -8,9 +8,9 @@ shape and can be regenerated at any time::
     python scripts/build_notebooks.py --execute [--quick] [--timeout S] [NOTEBOOK ...]
     python scripts/build_notebooks.py --strip [NOTEBOOK ...]
 
-Names: ``index.ipynb`` is the index; each lesson is ``NN_<name>.ipynb`` with NN
-its own number in `cudalab.lessons` (lesson 0 is ``context``, so the index
-cannot be 00). Building keeps the outputs of a notebook whose code cells did
+Names: ``00_index.ipynb`` is the index; each lesson is ``NN_<name>.ipynb``
+with NN its own number in `cudalab.lessons` (so ``00_context.ipynb`` shares
+the index's 00). Building keeps the outputs of a notebook whose code cells did
 not change (only its text did) and clears them otherwise.
 
 ``--execute`` runs notebooks in place with nbclient (kernel ``python3``),
@@ -42,7 +42,7 @@ from typing import Any, Iterable, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-INDEX = "index.ipynb"
+INDEX = "00_index.ipynb"
 QUICK_ENV = "CUDALAB_NOTEBOOK_QUICK"
 DEFAULT_TIMEOUT_S = 1800
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -163,7 +163,7 @@ def lesson_cells(name: str, page: Page) -> list[Cell]:
 
     x = lessons.get(name)
     head = (f"# Lesson {x.number} `{name}`: {x.title}\n\n{_plain(page.intro)}\n\n"
-            f"From the tutorials: {x.seed}. [All lessons](index.ipynb)")
+            f"From the tutorials: {x.seed}. [All lessons](00_index.ipynb)")
     claim = (f"## What the tutorial says\n\n{_plain(page.claim)}\n\nThe lesson measures the "
              f"same thing on this GPU and says below whether each claim held.")
     return [

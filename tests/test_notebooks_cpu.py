@@ -1,7 +1,7 @@
 """CPU tier: the notebooks in notebooks/ as files, without executing them.
 
 Every registered lesson has exactly one notebook (``NN_name.ipynb``) besides
-``index.ipynb``; each is valid nbformat 4 JSON, matches what
+``00_index.ipynb``; each is valid nbformat 4 JSON, matches what
 scripts/build_notebooks.py generates, compiles, uses only cudalab's public API,
 holds no absolute path and no error output, and, once executed, has every code
 cell's output in execution order. Needs no Jupyter package: nbformat validates
@@ -190,7 +190,7 @@ def test_lesson_notebook_has_its_parts(name):
     x = lessons.get(name)
     assert nb["cells"][0]["cell_type"] == "markdown"
     assert nb["cells"][0]["source"].startswith(f"# Lesson {x.number} `{name}`: {x.title}")
-    assert "## What the tutorial says" in text and "](index.ipynb)" in text
+    assert "## What the tutorial says" in text and "](00_index.ipynb)" in text
     parameters = [c for c in _code_cells(nb) if "parameters" in c["metadata"].get("tags", [])]
     assert len(parameters) == 1 and build.QUICK_ENV in parameters[0]["source"]
     assert any("cudalab.get_device_name()" in c for c in code), "a cell shows the device"
