@@ -28,6 +28,8 @@ def test_lesson_runs_quick_and_is_complete(name, results):
     assert r.device.get("name") and r.env.get("versions")
     assert r.rows, "a lesson shows a table"
     assert r.measurements, "a lesson measures something"
+    unnamed = [label for label, m in r.measurements.items() if m.device != r.device["name"]]
+    assert not unnamed, f"measurements without this device's name: {unnamed}"
     assert r.findings, "a lesson says what its numbers show"
     for f in r.findings:
         assert set(f.labels) <= set(r.measurements), f

@@ -196,7 +196,9 @@ def _profile(r: LessonRun, args: list, host_per_step: float) -> Any:
         end.record()
         end.synchronize()
     window = start.elapsed_time(end) * 1e-3
+    index = cudalab.current_device()
     r.add(Measurement(label="profiled steps", times=(window / steps,), number_per_run=steps,
+                      device=cudalab.get_device_properties(index).name, device_index=index,
                       description="CUDA events around the profiled steps",
                       metadata={"timer": "CUDA events around all profiled steps"}))
     return prof, window / steps
