@@ -38,9 +38,9 @@ struct PadArgs {
 };
 
 // The 16 bytes starting at any address p: two aligned loads, then each
-// output word is cut from the 8 words loaded with one funnel shift. The second load stays inside
-// the 16-byte block holding p's last byte, so it never leaves the
-// allocation.
+// output word is cut from the 8 words loaded with one funnel shift. The
+// second load stays inside the 16-byte block holding p's last byte, so it
+// never leaves the allocation.
 __device__ __forceinline__ uint4
 load_unaligned16(const void *p)
 {
@@ -130,7 +130,11 @@ launch(PadArgs a, cudaStream_t stream)
 {
     constexpr int64_t V = kChunkBytes / sizeof(T);
     int64_t chunks = (a.dst_cols + V - 1) / V + 1; // + 1: a partial head chunk
-    dim3 grid((unsigned int)((chunks + kThreads - 1) / kThreads),
+    int64_t blocks = (chunks + kThreads - 1) / kThreads;
+    if (blocks > (int64_t)INT32_MAX) {
+        return cudaErrorInvalidValue;
+    }
+    dim3 grid((unsigned int)blocks,
               (unsigned int)(a.dst_rows < kMaxGridYZ ? a.dst_rows : kMaxGridYZ),
               (unsigned int)(a.depth < kMaxGridYZ ? a.depth : kMaxGridYZ));
     pad_matrices<T><<<grid, kThreads, 0, stream>>>(a);
@@ -151,10 +155,6 @@ cl_pad_matrices(void *dst, int64_t dst_rows, int64_t dst_cols, const void *src,
     }
     if (dst_rows == 0 || dst_cols == 0 || depth == 0) {
         return cudaSuccess;
-    }
-    int64_t chunks = (dst_cols * (int64_t)itemsize + kChunkBytes - 1) / kChunkBytes + 1;
-    if ((chunks + kThreads - 1) / kThreads > (int64_t)INT32_MAX) {
-        return cudaErrorInvalidValue;
     }
     PadArgs a = {dst, src, dst_rows, dst_cols, src_batch, src_row, rows, cols, depth};
     switch (itemsize) {
