@@ -414,17 +414,22 @@ out_arg(lin_call *c, PyObject *obj)
     return 0;
 }
 
-/* An array the GEMM writes must share no byte with any other of the call's. */
+/* The arrays the GEMM writes (out, then aux or bias where the flags say
+ * so) share no byte with any other of the call's. `names`: the parameters
+ * of a, b, bias, aux and out, in that order. */
 static int
-check_written(const lin_call *c, const DeviceArray *w, const char *wparam, int n,
-              const DeviceArray *const *others, const char *const *names)
+check_overlaps(const lin_call *c, const char *const names[5], bool bias_written,
+               bool aux_written)
 {
-    for (int i = 0; w != NULL && i < n; i++) {
-        if (others[i] != NULL && strcmp(names[i], wparam) != 0 &&
-            cl_arrays_overlap(w, others[i])) {
-            return cl_arg_error(PyExc_ValueError, c->op.func, wparam,
-                                "overlaps '%s' (the product reads it while writing)",
-                                names[i]);
+    const DeviceArray *all[5] = {c->a.arr, c->b.arr, c->bias, c->aux, c->out};
+    bool written[5] = {false, false, bias_written, aux_written, true};
+    for (int w = 4; w >= 0; w--) {
+        for (int i = 0; written[w] && all[w] != NULL && i < 5; i++) {
+            if (i != w && all[i] != NULL && cl_arrays_overlap(all[w], all[i])) {
+                return cl_arg_error(PyExc_ValueError, c->op.func, names[w],
+                                    "overlaps '%s' (the product reads it while writing)",
+                                    names[i]);
+            }
         }
     }
     return 0;
@@ -439,6 +444,17 @@ result_shape(lin_call *c, const DeviceArray *rows_of, int64_t features)
     c->rshape[c->rnd - 1] = (Py_ssize_t)features;
 }
 
+/* The result (the leading axes of operand a, then `features`) and the
+ * arguments sized by it: out=, aux, and the bias or bias-gradient vector. */
+static int
+feature_args(lin_call *c, int64_t features, PyObject *out_obj, PyObject *aux_obj,
+             PyObject *vector_obj, const char *vector_param)
+{
+    result_shape(c, c->a.arr, features);
+    return (out_arg(c, out_obj) < 0 || aux_arg(c, aux_obj, c->rnd - 1, c->rshape, features) < 0 ||
+            vector_arg(c, vector_obj, vector_param, features, &c->bias) < 0) ? -1 : 0;
+}
+
 /* Raise "'<p>' has <n> <what> but '<q>' has <m>" (mismatched features). */
 static int
 features_error(const lin_call *c, const char *p, int64_t n, const char *what, const char *q,
@@ -449,32 +465,6 @@ features_error(const lin_call *c, const char *p, int64_t n, const char *what, co
 }
 
 /* ---- the three products ------------------------------------------------------------------ */
-
-/* x (..., in), weight (out, in), bias (out,), aux; result (..., out). */
-static int
-forward_validate(lin_call *c, cl_state *st, PyObject *const *argv)
-{
-    /* argv: x, weight, bias, activation, out, aux, precision */
-    if (lin_init(c, st, "_nn_linear", argv[6], argv[3]) < 0 ||
-        cl_op_out_type(&c->op, argv[4]) < 0 ||
-        matrix_arg(c, argv[0], "x", CL_MAX_NDIM, &c->a) < 0 ||
-        matrix_arg(c, argv[1], "weight", 2, &c->b) < 0) {
-        return -1;
-    }
-    if (c->b.cols != c->a.cols) {
-        return features_error(c, "weight", c->b.cols, "input features", "x", c->a.cols);
-    }
-    int64_t features = c->b.rows;
-    result_shape(c, c->a.arr, features);
-    if (vector_arg(c, argv[2], "bias", features, &c->bias) < 0 || out_arg(c, argv[4]) < 0 ||
-        aux_arg(c, argv[5], c->rnd - 1, c->rshape, features) < 0) {
-        return -1;
-    }
-    static const char *const names[] = {"x", "weight", "bias", "aux", "out"};
-    const DeviceArray *all[] = {c->a.arr, c->b.arr, c->bias, c->aux, c->out};
-    return (check_written(c, c->out, "out", 5, all, names) < 0 ||
-            check_written(c, c->aux, "aux", 5, all, names) < 0) ? -1 : 0;
-}
 
 static int
 forward_epilogue(const lin_call *c)
@@ -492,10 +482,49 @@ forward_epilogue(const lin_call *c)
     }
 }
 
+/* x (..., in), weight (out, in), bias (out,), aux; result (..., out). */
+static int
+forward_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_gemm *g)
+{
+    /* argv: x, weight, bias, activation, out, aux, precision */
+    if (lin_init(c, st, "_nn_linear", argv[6], argv[3]) < 0 ||
+        cl_op_out_type(&c->op, argv[4]) < 0 ||
+        matrix_arg(c, argv[0], "x", CL_MAX_NDIM, &c->a) < 0 ||
+        matrix_arg(c, argv[1], "weight", 2, &c->b) < 0) {
+        return -1;
+    }
+    if (c->b.cols != c->a.cols) {
+        return features_error(c, "weight", c->b.cols, "input features", "x", c->a.cols);
+    }
+    int64_t features = c->b.rows;
+    if (feature_args(c, features, argv[4], argv[5], argv[2], "bias") < 0) {
+        return -1;
+    }
+    static const char *const names[] = {"x", "weight", "bias", "aux", "out"};
+    *g = (lin_gemm){.x = &c->b, .y = &c->a, .opx = CUBLAS_OP_T, .opy = CUBLAS_OP_N,
+                    .m = features, .n = c->a.rows, .k = c->a.cols,
+                    .epilogue = forward_epilogue(c)};
+    return check_overlaps(c, names, false, true);
+}
+
+static int
+backward_input_epilogue(const lin_call *c)
+{
+    bool bgrad = c->bias != NULL;
+    switch (c->act) {
+    case ACT_RELU:
+        return bgrad ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
+    case ACT_GELU:
+        return bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    default:
+        return 0;
+    }
+}
+
 /* grad_y (..., out), weight (out, in), aux and bias_grad of the previous
  * layer; result (..., in). */
 static int
-backward_input_validate(lin_call *c, cl_state *st, PyObject *const *argv)
+backward_input_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_gemm *g)
 {
     /* argv: grad_y, weight, out, aux, activation, bias_grad, precision */
     const char *func = "_nn_linear_backward_input";
@@ -521,35 +550,20 @@ backward_input_validate(lin_call *c, cl_state *st, PyObject *const *argv)
                             "from that layer's _nn_linear_backward_weight(bias_grad=...))");
     }
     int64_t features = c->b.cols;
-    result_shape(c, c->a.arr, features);
-    if (out_arg(c, argv[2]) < 0 || aux_arg(c, argv[3], c->rnd - 1, c->rshape, features) < 0 ||
-        vector_arg(c, argv[5], "bias_grad", features, &c->bias) < 0) {
+    if (feature_args(c, features, argv[2], argv[3], argv[5], "bias_grad") < 0) {
         return -1;
     }
-    static const char *const names[] = {"grad_y", "weight", "aux", "bias_grad", "out"};
-    const DeviceArray *all[] = {c->a.arr, c->b.arr, c->aux, c->bias, c->out};
-    return (check_written(c, c->out, "out", 5, all, names) < 0 ||
-            check_written(c, c->bias, "bias_grad", 5, all, names) < 0) ? -1 : 0;
-}
-
-static int
-backward_input_epilogue(const lin_call *c)
-{
-    bool bgrad = c->bias != NULL;
-    switch (c->act) {
-    case ACT_RELU:
-        return bgrad ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
-    case ACT_GELU:
-        return bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-    default:
-        return 0;
-    }
+    static const char *const names[] = {"grad_y", "weight", "bias_grad", "aux", "out"};
+    *g = (lin_gemm){.x = &c->b, .y = &c->a, .opx = CUBLAS_OP_N, .opy = CUBLAS_OP_N,
+                    .m = features, .n = c->a.rows, .k = c->a.cols,
+                    .epilogue = backward_input_epilogue(c)};
+    return check_overlaps(c, names, true, false);
 }
 
 /* grad_y (..., out), x (..., in) with as many rows, bias_grad (out,);
  * result (out, in). */
 static int
-backward_weight_validate(lin_call *c, cl_state *st, PyObject *const *argv)
+backward_weight_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_gemm *g)
 {
     /* argv: grad_y, x, out, bias_grad, accumulate, precision */
     const char *func = "_nn_linear_backward_weight";
@@ -578,10 +592,11 @@ backward_weight_validate(lin_call *c, cl_state *st, PyObject *const *argv)
     if (out_arg(c, argv[2]) < 0 || vector_arg(c, argv[3], "bias_grad", c->a.cols, &c->bias) < 0) {
         return -1;
     }
-    static const char *const names[] = {"grad_y", "x", "bias_grad", "out"};
-    const DeviceArray *all[] = {c->a.arr, c->b.arr, c->bias, c->out};
-    return (check_written(c, c->out, "out", 4, all, names) < 0 ||
-            check_written(c, c->bias, "bias_grad", 4, all, names) < 0) ? -1 : 0;
+    static const char *const names[] = {"grad_y", "x", "bias_grad", "aux", "out"};
+    *g = (lin_gemm){.x = &c->b, .y = &c->a, .opx = CUBLAS_OP_N, .opy = CUBLAS_OP_T,
+                    .m = c->b.cols, .n = c->a.cols, .k = c->a.rows,
+                    .epilogue = c->bias != NULL ? CUBLASLT_EPILOGUE_BGRADB : 0};
+    return check_overlaps(c, names, true, false);
 }
 
 /* ---- run ----------------------------------------------------------------------------------- */
@@ -708,6 +723,23 @@ lin_execute(lin_call *c, const lin_gemm *g)
 
 /* ---- Python functions ------------------------------------------------------------------------ */
 
+typedef int (*lin_validate_fn)(lin_call *c, cl_state *st, PyObject *const *argv, lin_gemm *g);
+
+/* Parse (two required arguments, at most 7 in all), validate, run. */
+static PyObject *
+lin_entry(PyObject *module, const char *func, const char *const *names, PyObject *const *args,
+          Py_ssize_t nargs, PyObject *kwnames, lin_validate_fn validate)
+{
+    PyObject *argv[7];
+    lin_call c;
+    lin_gemm g;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0 ||
+        validate(&c, cl_state_from_module(module), argv, &g) < 0) {
+        return NULL;
+    }
+    return lin_execute(&c, &g);
+}
+
 PyDoc_STRVAR(_nn_linear_doc,
 "_nn_linear(x, weight, bias=None, activation=None, out=None, aux=None, precision=None)\n--\n\n"
 "Linear layer forward, ``act(x @ weight.T + bias)``, in one cuBLASLt GEMM\n"
@@ -750,15 +782,7 @@ _nn_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
 {
     static const char *const names[] = {"x",   "weight", "bias",      "activation",
                                         "out", "aux",    "precision", NULL};
-    PyObject *argv[7];
-    lin_call c;
-    if (cl_parse_args("_nn_linear", args, nargs, kwnames, names, 2, argv) < 0 ||
-        forward_validate(&c, cl_state_from_module(module), argv) < 0) {
-        return NULL;
-    }
-    lin_gemm g = {.x = &c.b, .y = &c.a, .opx = CUBLAS_OP_T, .opy = CUBLAS_OP_N,
-                  .m = c.b.rows, .n = c.a.rows, .k = c.a.cols, .epilogue = forward_epilogue(&c)};
-    return lin_execute(&c, &g);
+    return lin_entry(module, "_nn_linear", names, args, nargs, kwnames, forward_validate);
 }
 
 PyDoc_STRVAR(_nn_linear_backward_input_doc,
@@ -799,16 +823,8 @@ _nn_linear_backward_input(PyObject *module, PyObject *const *args, Py_ssize_t na
 {
     static const char *const names[] = {"grad_y",     "weight",    "out",       "aux",
                                         "activation", "bias_grad", "precision", NULL};
-    PyObject *argv[7];
-    lin_call c;
-    if (cl_parse_args("_nn_linear_backward_input", args, nargs, kwnames, names, 2, argv) < 0 ||
-        backward_input_validate(&c, cl_state_from_module(module), argv) < 0) {
-        return NULL;
-    }
-    lin_gemm g = {.x = &c.b, .y = &c.a, .opx = CUBLAS_OP_N, .opy = CUBLAS_OP_N,
-                  .m = c.b.cols, .n = c.a.rows, .k = c.a.cols,
-                  .epilogue = backward_input_epilogue(&c)};
-    return lin_execute(&c, &g);
+    return lin_entry(module, "_nn_linear_backward_input", names, args, nargs, kwnames,
+                     backward_input_validate);
 }
 
 PyDoc_STRVAR(_nn_linear_backward_weight_doc,
@@ -845,16 +861,8 @@ _nn_linear_backward_weight(PyObject *module, PyObject *const *args, Py_ssize_t n
 {
     static const char *const names[] = {"grad_y",     "x",         "out", "bias_grad",
                                         "accumulate", "precision", NULL};
-    PyObject *argv[6];
-    lin_call c;
-    if (cl_parse_args("_nn_linear_backward_weight", args, nargs, kwnames, names, 2, argv) < 0 ||
-        backward_weight_validate(&c, cl_state_from_module(module), argv) < 0) {
-        return NULL;
-    }
-    lin_gemm g = {.x = &c.b, .y = &c.a, .opx = CUBLAS_OP_N, .opy = CUBLAS_OP_T,
-                  .m = c.b.cols, .n = c.a.cols, .k = c.a.rows,
-                  .epilogue = c.bias != NULL ? CUBLASLT_EPILOGUE_BGRADB : 0};
-    return lin_execute(&c, &g);
+    return lin_entry(module, "_nn_linear_backward_weight", names, args, nargs, kwnames,
+                     backward_weight_validate);
 }
 
 PyMethodDef cl_nn_linear_methods[] = {
