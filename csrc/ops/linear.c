@@ -42,8 +42,9 @@
  *   forward         BIAS, RELU_BIAS, GELU_BIAS; without bias RELU, GELU; with
  *                   aux= the *_AUX variants (RELU_AUX[_BIAS], GELU_AUX[_BIAS])
  *   backward input  DRELU, DGELU; with bias_grad= DRELU_BGRAD, DGELU_BGRAD,
- *                   whose bias gradient sums D over its columns (the N rows):
- *                   length m = in, the previous layer's bias
+ *                   whose bias gradient sums D (after the derivative) over
+ *                   its columns, the N rows: length m = in, the previous
+ *                   layer's bias
  *   backward weight BGRADB: sums B = grad_y (after op T: N x out) over the
  *                   GEMM's k = N, giving n = out entries. (BGRADA would sum
  *                   A = x instead.)
@@ -88,8 +89,9 @@
  * raises CudalabError naming the epilogue, dtype and sizes; there is no
  * silent fallback to an unfused product.
  *
- * A call is validate (lin_*_validate: every argument, no CUDA call) -> run
- * (lin_execute: op frame, plan from matmul_plan.c's cache, one cublasLtMatmul).
+ * A call is validate (forward_validate, backward_*_validate: every argument,
+ * no CUDA call; they also describe the GEMM) -> run (lin_execute: op frame,
+ * plan from matmul_plan.c's cache, one cublasLtMatmul).
  * All of it is asynchronous on the current stream and capturable in a graph
  * once the plan is cached. */
 #include "ops/matmul.h"
