@@ -154,6 +154,35 @@ def set_matmul_padding(mode: str | bool) -> None: ...  # "auto" | True | False
 def get_matmul_padding() -> str | bool: ...  # "auto" (default) | True | False
 def _set_matmul_backend(dtype: _DTypeLike, backend: str) -> str: ...  # "lt" | "cublas"; the previous
 
+# ---- nn Linear on cuBLASLt with fused epilogues (csrc/ops/linear.c) ---------------
+
+def _nn_linear(
+    x: DeviceArray,  # (..., in)
+    weight: DeviceArray,  # (out, in)
+    bias: DeviceArray | None = None,  # (out,), x's dtype
+    activation: str | None = None,  # None | "relu" | "gelu" (tanh form)
+    out: DeviceArray | None = None,  # (..., out)
+    aux: DeviceArray | None = None,  # gelu: pre-activation (..., out); relu: uint8 bit mask
+    precision: str | None = None,  # "highest" | "high" (float32)
+) -> DeviceArray: ...
+def _nn_linear_backward_input(
+    grad_y: DeviceArray,  # (..., out)
+    weight: DeviceArray,  # (out, in)
+    out: DeviceArray | None = None,  # (..., in)
+    aux: DeviceArray | None = None,  # the previous layer's aux
+    activation: str | None = None,  # the previous layer's activation
+    bias_grad: DeviceArray | None = None,  # (in,), the previous layer's bias gradient
+    precision: str | None = None,
+) -> DeviceArray: ...
+def _nn_linear_backward_weight(
+    grad_y: DeviceArray,  # (..., out)
+    x: DeviceArray,  # (..., in)
+    out: DeviceArray | None = None,  # (out, in)
+    bias_grad: DeviceArray | None = None,  # (out,), overwritten
+    accumulate: bool = False,  # out += grad_y.T @ x
+    precision: str | None = None,
+) -> DeviceArray: ...
+
 # ---- transpose and device random numbers (csrc/ops/transpose.c, random.c) ----
 
 from typing import Literal, Sequence
