@@ -245,12 +245,13 @@ cudaError_t cl_amp_update_scale(float *scale, int32_t *growth_tracker, const flo
                                 double growth_factor, double backoff_factor,
                                 int32_t growth_interval, cudaStream_t stream);
 
-/* Device scalars shared by the optimizers: found_inf (nonzero: the launch
- * changes nothing) and grad_scale (grads are divided by it); NULL: absent. */
+/* Device scalars shared by the optimizers (NULL: absent): found_inf
+ * (nonzero: the launch changes nothing), grad_scale (grads are divided by
+ * it) and lr_device (the learning rate, read on the device instead of lr). */
 typedef struct cl_sgd_args {
     double lr, momentum, dampening, weight_decay;
     int nesterov, first_step;
-    const float *found_inf, *grad_scale;
+    const float *found_inf, *grad_scale, *lr_device;
 } cl_sgd_args;
 
 /* Roles: 0 param (float32), 1 grad (grad_dtype: float16, bfloat16, float32),
@@ -261,7 +262,7 @@ cudaError_t cl_mt_sgd(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype,
 
 typedef struct cl_adamw_args {
     double lr, beta1, beta2, eps, weight_decay;
-    const float *found_inf, *grad_scale;
+    const float *found_inf, *grad_scale, *lr_device;
     void *step;         /* one element, float32 or int32: incremented unless skipped */
     cl_dtype step_dtype;
 } cl_adamw_args;

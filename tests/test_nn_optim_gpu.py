@@ -315,6 +315,30 @@ def test_adamw_found_inf_skips_everything_and_keeps_the_step(rng):
     assert not np.array_equal(params[0].get(), p0[0])
 
 
+# ---- lr as a device scalar ------------------------------------------------------------
+
+
+def test_lr_device_scalar_equals_float_lr(rng):
+    ns = sizes(rng, 100)
+    gh = [random_array(rng, n, F16) for n in ns]
+    (p0, m0, v0), first = make_adamw(rng, ns)
+    second = tuple([cl.asarray(x) for x in xs] for xs in (p0, m0, v0))
+    lr = np.float32(3e-3)
+    for (params, ms, vs), rate in ((first, float(lr)), (second, scalar(lr))):
+        _core._nn_adamw_(params, upload_all(gh, rng), ms, vs, scalar(0.0), rate,
+                         weight_decay=0.1)
+    # Same arithmetic; only the vector or element path may differ per tensor.
+    for a, b in zip(first, second):
+        assert_all_close(host_all(a), host_all(b), 1e-6)
+    _, _, pa, ba = make_sgd(rng, F32, ns)
+    pb, bb = [cl.asarray(x.get()) for x in pa], [cl.asarray(x.get()) for x in ba]
+    for (params, bufs), rate in (((pa, ba), float(lr)), ((pb, bb), scalar(lr))):
+        _core._nn_sgd_(params, upload_all(gh, rng), bufs, rate, momentum=0.9,
+                       weight_decay=0.01)
+    assert_all_close(host_all(pa), host_all(pb), 1e-6)
+    assert_all_close(host_all(ba), host_all(bb), 1e-6)
+
+
 # ---- streams and graphs --------------------------------------------------------------
 
 
@@ -338,28 +362,33 @@ def test_non_default_stream(rng):
 
 def test_graph_capture_and_replay(rng):
     """A captured step (zero found_inf, unscale, AdamW, scale update) replays
-    with the device state advancing: step count, moments, scale."""
+    with the device state advancing: step count, moments, scale, and an lr
+    held on the device and changed between replays."""
     ns = sizes(rng, 100)
     (p0, m0, v0), (params, ms, vs) = make_adamw(rng, ns)
     gh = [random_array(rng, n, F16) for n in ns]
     grads = upload_all(gh, rng)
     step, found, inv = scalar(0.0), scalar(0.0), scalar(0.5)
-    scale, tracker = scalar(2.0), scalar(0, np.int32)
+    scale, tracker, lr = scalar(2.0), scalar(0, np.int32), scalar(1e-2)
     g = cl.CUDAGraph()
     with cl.graph(g):
         found *= 0.0
         _core._nn_unscale_(grads, inv, found)
-        _core._nn_adamw_(params, grads, ms, vs, step, 1e-2, found_inf=found)
+        _core._nn_adamw_(params, grads, ms, vs, step, lr, found_inf=found)
         _core._nn_update_scale_(scale, tracker, found, growth_interval=2)
     assert step.get()[0] == 0.0  # nothing ran during capture
     ref = [[x.astype(np.float64) for x in xs] for xs in (p0, m0, v0)]
     cur = list(gh)
+    rate = 1e-2
     for t in range(1, 4):
         g.replay()
         cur = [unscale_ref(c, 0.5) for c in cur]
         for i, c in enumerate(cur):
             ref[0][i], ref[1][i], ref[2][i] = adamw_ref(ref[0][i], c.astype(np.float64),
-                                                        ref[1][i], ref[2][i], t, 1e-2)
+                                                        ref[1][i], ref[2][i], t,
+                                                        float(np.float32(rate)))
+        rate /= 2  # a schedule: the next replay reads the new value
+        lr *= 0.5
     assert step.get()[0] == 3.0
     assert scale.get()[0] == 4.0 and tracker.get()[0] == 1
     assert_all_equal(host_all(grads), cur)

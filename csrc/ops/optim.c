@@ -61,6 +61,14 @@ parse_hyper(const char *func, PyObject *obj, const char *param, range r, double 
     return 0;
 }
 
+/* lr: a real number >= 0 here, or a DeviceArray, which lr_scalar checks
+ * with the other device scalars. */
+static int
+parse_lr(cl_state *st, const char *func, PyObject *obj, double *out)
+{
+    return CL_IS_DEVICEARRAY(st, obj) ? 0 : parse_hyper(func, obj, "lr", NONNEG, out);
+}
+
 /* A truth value (absent: false). */
 static int
 parse_flag(PyObject *obj, bool *out)
@@ -183,6 +191,17 @@ mt_scalar(mt_call *c, PyObject *obj, const char *param, bool optional, cl_dtype 
     }
     *out = a;
     return 0;
+}
+
+/* lr given as a DeviceArray: one float32 element, read on the device. */
+static int
+lr_scalar(mt_call *c, PyObject *obj, DeviceArray **out)
+{
+    *out = NULL;
+    if (!CL_IS_DEVICEARRAY(c->op.st, obj)) {
+        return 0;
+    }
+    return mt_scalar(c, obj, "lr", false, CL_FLOAT32, -1, out);
 }
 
 /* Element i of role r: a C-contiguous DeviceArray on the call's device,
@@ -458,8 +477,9 @@ PyDoc_STRVAR(_nn_sgd__doc,
 "g + momentum * buf (nesterov) or buf; then p -= lr * g. When found_inf is\n"
 "given and nonzero on the device, nothing changes (the skip is decided by\n"
 "the kernel: no host synchronization). Grads are read, never written.\n"
-"lr and the other numbers are baked into the launch: a captured CUDA graph\n"
-"replays them unchanged.\n\n"
+"Numbers given as Python floats are baked into the launch: a captured CUDA\n"
+"graph replays them unchanged; an lr that must change between replays is\n"
+"given as a device scalar.\n\n"
 "Bytes moved per element (g = the grad's itemsize): 8 + g without\n"
 "momentum; 16 + g with momentum (12 + g on the first step).\n\n"
 "Parameters\n----------\n"
@@ -468,7 +488,9 @@ PyDoc_STRVAR(_nn_sgd__doc,
 "    One per param, of its shape: all float16, all bfloat16 or all float32.\n"
 "momentum_buffers : list or tuple of DeviceArray, or None\n"
 "    float32, one per param; required when momentum > 0, unused otherwise.\n"
-"lr : float\n    >= 0.\nmomentum : float\n    >= 0.\ndampening : float\n"
+"lr : float or DeviceArray\n    >= 0, or one float32 element read on the device when the kernel\n"
+"    runs (its sign is then the caller's to keep).\n"
+"momentum : float\n    >= 0.\ndampening : float\n"
 "weight_decay : float\n    >= 0.\n"
 "nesterov : bool\n    Requires momentum > 0 and dampening == 0.\n"
 "found_inf, grad_scale : DeviceArray or None\n    One float32 element each.\n"
@@ -478,10 +500,10 @@ PyDoc_STRVAR(_nn_sgd__doc,
 
 /* SGD's numbers, with torch.optim.SGD's checks. */
 static int
-sgd_hyper(const char *f, PyObject *const *argv, cl_sgd_args *a)
+sgd_hyper(cl_state *st, const char *f, PyObject *const *argv, cl_sgd_args *a)
 {
     bool nesterov, first;
-    if (parse_hyper(f, argv[3], "lr", NONNEG, &a->lr) < 0 ||
+    if (parse_lr(st, f, argv[3], &a->lr) < 0 ||
         parse_hyper(f, argv[4], "momentum", NONNEG, &a->momentum) < 0 ||
         parse_hyper(f, argv[5], "dampening", ANY, &a->dampening) < 0 ||
         parse_hyper(f, argv[6], "weight_decay", NONNEG, &a->weight_decay) < 0 ||
@@ -506,11 +528,11 @@ _nn_sgd_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     mt_call c;
     mt_init(&c, module, "_nn_sgd_", 1);
     PyObject *argv[11];
-    DeviceArray *s[2];
+    DeviceArray *s[3];
     cl_sgd_args a = {0};
     const char *f = c.op.func;
     if (cl_parse_args(f, args, nargs, kwnames, names, 4, argv) < 0 ||
-        sgd_hyper(f, argv, &a) < 0 || mt_list(&c, argv[0], "params", false) < 0 ||
+        sgd_hyper(c.op.st, f, argv, &a) < 0 || mt_list(&c, argv[0], "params", false) < 0 ||
         mt_list(&c, argv[1], "grads", false) < 0 ||
         mt_list(&c, argv[2], "momentum_buffers", true) < 0) {
         goto fail;
@@ -521,11 +543,12 @@ _nn_sgd_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     }
     if (mt_scalar(&c, argv[8], "found_inf", true, CL_FLOAT32, -1, &s[0]) < 0 ||
         mt_scalar(&c, argv[9], "grad_scale", true, CL_FLOAT32, -1, &s[1]) < 0 ||
-        mt_arrays(&c) < 0 || mt_begin(&c, s, 2) < 0) {
+        lr_scalar(&c, argv[3], &s[2]) < 0 || mt_arrays(&c) < 0 || mt_begin(&c, s, 3) < 0) {
         goto fail;
     }
     a.found_inf = s[0] != NULL ? (const float *)s[0]->data : NULL;
     a.grad_scale = s[1] != NULL ? (const float *)s[1]->data : NULL;
+    a.lr_device = s[2] != NULL ? (const float *)s[2]->data : NULL;
     CL_CUDA_CHECK(c.op.st, cl_mt_sgd(c.tensors, (int)c.n, c.grad_dtype, &a, c.op.stream));
     int64_t g = (int64_t)cl_itemsize(c.grad_dtype);
     int64_t bytes = 8 + g + (a.momentum != 0.0 ? (a.first_step ? 4 : 8) : 0);
@@ -548,9 +571,10 @@ PyDoc_STRVAR(_nn_adamw__doc,
 "p -= (lr / (1 - beta1**t)) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)\n"
 "(torch.optim.AdamW's rule). When found_inf is given and nonzero on the\n"
 "device, nothing changes, the step count included, as torch's fused AdamW\n"
-"driven by a GradScaler leaves it. Grads are read, never written. lr and\n"
-"the other numbers are baked into the launch: a captured CUDA graph\n"
-"replays them unchanged (the step count still advances on the device).\n\n"
+"driven by a GradScaler leaves it. Grads are read, never written. Numbers\n"
+"given as Python floats are baked into the launch: a captured CUDA graph\n"
+"replays them unchanged (the step count still advances on the device); an\n"
+"lr that must change between replays is given as a device scalar.\n\n"
 "Bytes moved per element (g = the grad's itemsize): 24 + g (params and\n"
 "both moments read and written once, the grad read once): 28 for float32\n"
 "grads, so GB/s = 28 * numel / time.\n\n"
@@ -560,7 +584,9 @@ PyDoc_STRVAR(_nn_adamw__doc,
 "    One per param, of its shape: all float16, all bfloat16 or all float32.\n"
 "exp_avgs, exp_avg_sqs : list or tuple of DeviceArray\n    float32 moments, one per param.\n"
 "step : DeviceArray\n    One float32 or int32 element: the steps taken so far.\n"
-"lr : float\n    >= 0.\nbeta1, beta2 : float\n    In [0, 1).\neps : float\n    >= 0.\n"
+"lr : float or DeviceArray\n    >= 0, or one float32 element read on the device when the kernel\n"
+"    runs (its sign is then the caller's to keep).\n"
+"beta1, beta2 : float\n    In [0, 1).\neps : float\n    >= 0.\n"
 "weight_decay : float\n    >= 0.\n"
 "found_inf, grad_scale : DeviceArray or None\n    One float32 element each.\n\n"
 "Returns\n-------\nNone\n\n"
@@ -575,11 +601,11 @@ _nn_adamw_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
     mt_call c;
     mt_init(&c, module, "_nn_adamw_", 1);
     PyObject *argv[12];
-    DeviceArray *s[3];
+    DeviceArray *s[4];
     cl_adamw_args a = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
     const char *f = c.op.func;
     if (cl_parse_args(f, args, nargs, kwnames, names, 6, argv) < 0 ||
-        parse_hyper(f, argv[5], "lr", NONNEG, &a.lr) < 0 ||
+        parse_lr(c.op.st, f, argv[5], &a.lr) < 0 ||
         parse_hyper(f, argv[6], "beta1", UNIT, &a.beta1) < 0 ||
         parse_hyper(f, argv[7], "beta2", UNIT, &a.beta2) < 0 ||
         parse_hyper(f, argv[8], "eps", NONNEG, &a.eps) < 0 ||
@@ -590,13 +616,14 @@ _nn_adamw_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
         mt_scalar(&c, argv[4], "step", false, CL_FLOAT32, CL_INT32, &s[0]) < 0 ||
         mt_scalar(&c, argv[10], "found_inf", true, CL_FLOAT32, -1, &s[1]) < 0 ||
         mt_scalar(&c, argv[11], "grad_scale", true, CL_FLOAT32, -1, &s[2]) < 0 ||
-        mt_arrays(&c) < 0 || mt_begin(&c, s, 3) < 0) {
+        lr_scalar(&c, argv[5], &s[3]) < 0 || mt_arrays(&c) < 0 || mt_begin(&c, s, 4) < 0) {
         goto fail;
     }
     a.step = s[0]->data;
     a.step_dtype = s[0]->dtype;
     a.found_inf = s[1] != NULL ? (const float *)s[1]->data : NULL;
     a.grad_scale = s[2] != NULL ? (const float *)s[2]->data : NULL;
+    a.lr_device = s[3] != NULL ? (const float *)s[3]->data : NULL;
     CL_CUDA_CHECK(c.op.st, cl_mt_adamw(c.tensors, (int)c.n, c.grad_dtype, &a, c.op.stream));
     int64_t bytes = 24 + (int64_t)cl_itemsize(c.grad_dtype);
     c.grad_dtype = CL_FLOAT32;

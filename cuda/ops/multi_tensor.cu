@@ -203,9 +203,13 @@ struct Sgd : OpBase {
     static constexpr int kRoles = 3, kGrad = 1;
     float lr, momentum, keep, weight_decay; // keep = 1 - dampening
     bool nesterov, first_step, has_buf;
-    const float *grad_scale;
+    const float *grad_scale, *lr_device; // lr_device: NULL, or lr read on the device
     float scale;
-    __device__ void setup() { scale = grad_scale != nullptr ? *grad_scale : 1.0f; }
+    __device__ void setup()
+    {
+        scale = grad_scale != nullptr ? *grad_scale : 1.0f;
+        lr = lr_device != nullptr ? *lr_device : lr;
+    }
     __device__ void apply(float (&e)[3])
     {
         float g = grad_scale != nullptr ? e[1] / scale : e[1];
@@ -225,18 +229,20 @@ struct Sgd : OpBase {
 // the step (already counted for this update) read on the device.
 struct AdamW : OpBase {
     static constexpr int kRoles = 4, kGrad = 1;
-    double lr, beta1, beta2;
-    float b1, b2, c1, c2, eps, decay; // c = 1 - beta; decay = 1 - lr * wd
-    const float *grad_scale;
+    double lr, beta1, beta2, weight_decay;
+    float b1, b2, c1, c2, eps; // c = 1 - beta
+    const float *grad_scale, *lr_device; // lr_device: NULL, or lr read on the device
     const void *step;
     bool step_is_int;
-    float scale, step_size, bc2_sqrt;
+    float scale, step_size, bc2_sqrt, decay; // decay = 1 - lr * weight_decay
     __device__ void setup()
     {
         scale = grad_scale != nullptr ? *grad_scale : 1.0f;
         const double s = step_is_int ? (double)*static_cast<const int32_t *>(step)
                                      : (double)*static_cast<const float *>(step);
-        step_size = (float)(lr / (1.0 - pow(beta1, s)));
+        const double rate = lr_device != nullptr ? (double)*lr_device : lr;
+        decay = (float)(1.0 - rate * weight_decay);
+        step_size = (float)(rate / (1.0 - pow(beta1, s)));
         bc2_sqrt = (float)sqrt(1.0 - pow(beta2, s));
     }
     __device__ void apply(float (&e)[4])
@@ -387,6 +393,7 @@ cl_mt_sgd(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype, const cl_sgd_
     op.found_inf = a->found_inf;
     op.grad_scale = a->grad_scale;
     op.lr = (float)a->lr;
+    op.lr_device = a->lr_device;
     op.momentum = (float)a->momentum;
     op.keep = (float)(1.0 - a->dampening);
     op.weight_decay = (float)a->weight_decay;
@@ -420,6 +427,8 @@ cl_mt_adamw(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype, const cl_ad
     op.found_inf = a->found_inf;
     op.grad_scale = a->grad_scale;
     op.lr = a->lr;
+    op.lr_device = a->lr_device;
+    op.weight_decay = a->weight_decay;
     op.beta1 = a->beta1;
     op.beta2 = a->beta2;
     op.b1 = (float)a->beta1;
@@ -427,7 +436,6 @@ cl_mt_adamw(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype, const cl_ad
     op.c1 = (float)(1.0 - a->beta1);
     op.c2 = (float)(1.0 - a->beta2);
     op.eps = (float)a->eps;
-    op.decay = (float)(1.0 - a->lr * a->weight_decay);
     op.step = a->step;
     op.step_is_int = a->step_dtype == CL_INT32;
     CL_DISPATCH(grad_dtype, GRAD_TYPES,

@@ -325,14 +325,14 @@ def _nn_update_scale_(
     growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000,
 ) -> None: ...
 def _nn_sgd_(
-    params: _Arrays, grads: _Arrays, momentum_buffers: _Arrays | None, lr: float,
+    params: _Arrays, grads: _Arrays, momentum_buffers: _Arrays | None, lr: float | DeviceArray,
     momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
     nesterov: bool = False, found_inf: DeviceArray | None = None,
     grad_scale: DeviceArray | None = None, first_step: bool = False,
 ) -> None: ...
 def _nn_adamw_(
     params: _Arrays, grads: _Arrays, exp_avgs: _Arrays, exp_avg_sqs: _Arrays, step: DeviceArray,
-    lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+    lr: float | DeviceArray, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
     weight_decay: float = 0.01, found_inf: DeviceArray | None = None,
     grad_scale: DeviceArray | None = None,
 ) -> None: ...
