@@ -219,6 +219,60 @@ cudaError_t cl_random_integers(void *out, cl_dtype dtype, int64_t n, int64_t low
 cudaError_t cl_philox4x32_10(uint32_t *out, const uint32_t counter[4], const uint32_t key[2],
                              cudaStream_t stream);
 
+/* ---- multi_tensor.cu: fused kernels for mixed-precision training ---------- */
+
+/* One tensor of a multi-tensor call: a contiguous array of `numel` elements
+ * per role (each launcher lists its roles; unused roles may be NULL). Any
+ * number of tensors goes into one or a few launches; tensors with numel 0
+ * are skipped. Arrays of one tensor must not overlap each other. */
+#define CL_MT_ROLES 4
+typedef struct cl_mt_tensor {
+    void *data[CL_MT_ROLES];
+    int64_t numel;
+} cl_mt_tensor;
+
+/* Role 0: a grad of `dtype` (float16, bfloat16, float32). Every element g
+ * becomes g * *inv_scale (float32 arithmetic); *found_inf is set to 1.0 when
+ * any element was inf or NaN before scaling, and is never cleared here. */
+cudaError_t cl_mt_unscale(const cl_mt_tensor *tensors, int n, cl_dtype dtype,
+                          const float *inv_scale, float *found_inf, cudaStream_t stream);
+
+/* One thread, PyTorch's dynamic loss-scale rule: if *found_inf != 0, scale
+ * *= backoff_factor and tracker = 0; else tracker + 1 reaching growth_interval
+ * multiplies scale by growth_factor (unless that overflows float32) and
+ * resets tracker to 0, otherwise tracker is incremented. */
+cudaError_t cl_amp_update_scale(float *scale, int32_t *growth_tracker, const float *found_inf,
+                                double growth_factor, double backoff_factor,
+                                int32_t growth_interval, cudaStream_t stream);
+
+/* Device scalars shared by the optimizers (NULL: absent): found_inf
+ * (nonzero: the launch changes nothing), grad_scale (grads are divided by
+ * it) and lr_device (the learning rate, read on the device instead of lr). */
+typedef struct cl_sgd_args {
+    double lr, momentum, dampening, weight_decay;
+    int nesterov, first_step;
+    const float *found_inf, *grad_scale, *lr_device;
+} cl_sgd_args;
+
+/* Roles: 0 param (float32), 1 grad (grad_dtype: float16, bfloat16, float32),
+ * 2 momentum buffer (float32; unused when momentum == 0; written, not read,
+ * on the first step). torch.optim.SGD's rule in float32. */
+cudaError_t cl_mt_sgd(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype,
+                      const cl_sgd_args *args, cudaStream_t stream);
+
+typedef struct cl_adamw_args {
+    double lr, beta1, beta2, eps, weight_decay;
+    const float *found_inf, *grad_scale, *lr_device;
+    void *step;         /* one element, float32 or int32: incremented unless skipped */
+    cl_dtype step_dtype;
+} cl_adamw_args;
+
+/* Roles: 0 param, 1 grad (grad_dtype), 2 exp_avg, 3 exp_avg_sq (float32).
+ * A one-thread kernel first adds 1 to *step (unless *found_inf != 0), then
+ * torch.optim.AdamW's rule runs with the new step for bias corrections. */
+cudaError_t cl_mt_adamw(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype,
+                        const cl_adamw_args *args, cudaStream_t stream);
+
 /* ---- timing.cu ------------------------------------------------------------ */
 /* One thread spins `cycles` SM clock cycles (clock64); cycles >= 0. */
 cudaError_t cl_spin(long long cycles, cudaStream_t stream);

@@ -340,3 +340,28 @@ def _profiler_range_begin(name: str) -> tuple[int, int, bool] | None: ...  # tok
 def _profiler_range_end(token: tuple[int, int, bool] | None) -> None: ...
 def _nvtx_set_enabled(enabled: bool) -> bool: ...  # returns the previous setting
 def _nvtx_is_enabled() -> bool: ...
+
+
+# ---- nn: fused multi-tensor scaler and optimizer kernels (csrc/ops/optim.c) ------------
+# In place, on the current stream, no host synchronization; lists are lists or
+# tuples of C-contiguous DeviceArrays; every device scalar is a 1-element array.
+
+_Arrays = Union[list[DeviceArray], tuple[DeviceArray, ...]]
+
+def _nn_unscale_(grads: _Arrays, inv_scale: DeviceArray, found_inf: DeviceArray) -> None: ...
+def _nn_update_scale_(
+    scale: DeviceArray, growth_tracker: DeviceArray, found_inf: DeviceArray,
+    growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000,
+) -> None: ...
+def _nn_sgd_(
+    params: _Arrays, grads: _Arrays, momentum_buffers: _Arrays | None, lr: float | DeviceArray,
+    momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+    nesterov: bool = False, found_inf: DeviceArray | None = None,
+    grad_scale: DeviceArray | None = None, first_step: bool = False,
+) -> None: ...
+def _nn_adamw_(
+    params: _Arrays, grads: _Arrays, exp_avgs: _Arrays, exp_avg_sqs: _Arrays, step: DeviceArray,
+    lr: float | DeviceArray, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+    weight_decay: float = 0.01, found_inf: DeviceArray | None = None,
+    grad_scale: DeviceArray | None = None,
+) -> None: ...
