@@ -6,6 +6,7 @@
  *   transpose.c    the teaching versions of the 2-D transpose
  *   random.c       the device RNG (Philox)
  *   matmul.c       cuBLAS / cuBLASLt GEMMs (matmul_plan.c: handles, plan cache)
+ *   loss.c         nn: the fused softmax cross-entropy (forward + backward)
  */
 #ifndef CUDALAB_OPS_OPS_H
 #define CUDALAB_OPS_OPS_H
@@ -19,6 +20,7 @@ extern PyMethodDef cl_reduce_methods[];      /* ops/reduce.c (also softmax) */
 extern PyMethodDef cl_transpose_methods[];   /* ops/transpose.c */
 extern PyMethodDef cl_random_methods[];      /* ops/random.c */
 extern PyMethodDef cl_blas_methods[];        /* ops/matmul.c */
+extern PyMethodDef cl_loss_methods[];        /* ops/loss.c (nn) */
 
 /* DeviceArray's number protocol (array/array.c's slots point here). Binary slots
  * receive operands in either order and return Py_NotImplemented for types
