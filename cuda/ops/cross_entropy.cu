@@ -177,21 +177,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads) ce_block(Params p)
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) { // uniform per block
         const T *src = static_cast<const T *>(p.logits) + row * p.logits_ld;
         const Row r = row_label(p, row);
-        MaxSum<float> ms{neg_inf<float>(), 0.0f};
-        for (int64_t i = threadIdx.x * kVec; i < p.cols; i += kUnroll * step) {
-            T v[kUnroll][kVec];
-            load_unrolled<T, kVec>(v, src, i, step, p.cols);
-#pragma unroll
-            for (int u = 0; u < kUnroll; u++) {
-                if (i + u * step < p.cols) {
-#pragma unroll
-                    for (int j = 0; j < kVec; j++) {
-                        add(ms, static_cast<float>(cl::widen(v[u][j])));
-                    }
-                }
-            }
-        }
-        ms = block_combine(ms);
+        const MaxSum<float> ms = block_row_max_sum<T, kVec>(src, p.cols);
         if (threadIdx.x == 0) { // x[y] was just read: an L1 or L2 hit
             const float picked =
                 r.ignored || r.bad ? 0.0f : static_cast<float>(cl::widen(src[r.label]));

@@ -11,6 +11,8 @@
 
 #include <limits>
 
+#include "dtype_convert.cuh"
+
 namespace cl_rows {
 
 constexpr int kUnroll = 4;           // vector loads in flight per thread (block kernel)
@@ -146,6 +148,32 @@ load_unrolled(T (&v)[kUnroll][kVec], const T *src, int64_t i, int64_t step, int6
             load<T, kVec>(v[u], src + i + u * step);
         }
     }
+}
+
+// The first pass of a block-per-row kernel: the running (max, sum) over the
+// `len` elements of the row at src (kVec elements per access), combined
+// across the block; every thread gets it.
+template <typename T, int kVec>
+__device__ MaxSum<typename AccOf<T>::type>
+block_row_max_sum(const T *src, int64_t len)
+{
+    using A = typename AccOf<T>::type;
+    const int64_t step = (int64_t)blockDim.x * kVec;
+    MaxSum<A> r{neg_inf<A>(), A(0)};
+    for (int64_t i = threadIdx.x * kVec; i < len; i += kUnroll * step) {
+        T v[kUnroll][kVec];
+        load_unrolled<T, kVec>(v, src, i, step, len);
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            if (i + u * step < len) {
+#pragma unroll
+                for (int j = 0; j < kVec; j++) {
+                    add(r, static_cast<A>(cl::widen(v[u][j])));
+                }
+            }
+        }
+    }
+    return block_combine(r);
 }
 
 // Threads of softmax_block for rows of `len`: one kUnroll x kVec slice of the

@@ -148,21 +148,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads) softmax_block(Params p)
         const T *src = static_cast<const T *>(p.src) +
                        row_offset(row, p.inner, p.src_outer, p.src_inner);
         T *dst = static_cast<T *>(p.dst) + row_offset(row, p.inner, p.dst_outer, p.dst_inner);
-        MaxSum<A> r{neg_inf<A>(), A(0)};
-        for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * step) {
-            T v[kUnroll][kVec];
-            load_unrolled<T, kVec>(v, src, i, step, p.len);
-#pragma unroll
-            for (int u = 0; u < kUnroll; u++) {
-                if (i + u * step < p.len) {
-#pragma unroll
-                    for (int j = 0; j < kVec; j++) {
-                        add(r, static_cast<A>(cl::widen(v[u][j])));
-                    }
-                }
-            }
-        }
-        r = block_combine(r);
+        const MaxSum<A> r = block_row_max_sum<T, kVec>(src, p.len);
         const A scale = p.log ? log_(r.s) : A(1) / r.s;
         for (int64_t i = threadIdx.x * kVec; i < p.len; i += kUnroll * step) {
             T v[kUnroll][kVec];
