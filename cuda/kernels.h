@@ -194,6 +194,52 @@ typedef struct cl_softmax_desc {
 
 cudaError_t cl_softmax(const cl_softmax_desc *desc, cudaStream_t stream);
 
+/* ---- cross_entropy.cu ----------------------------------------------------- */
+
+/* Fused softmax cross-entropy over the rows of an N x C matrix of logits
+ * (float16, bfloat16 or float32; row r at logits + r * logits_ld elements,
+ * unit column stride), with class indices `labels` (int32 or int64, row r at
+ * labels + r * labels_stride). Per row, in float32 with the row maximum
+ * subtracted: loss = log(sum(exp(x))) - x[label]. A label equal to
+ * ignore_index (when has_ignore) gives loss 0 and a zero gradient row and is
+ * left out of the mean; any other label outside [0, C) gives NaN for the
+ * row's loss and gradient (nothing out of bounds is read).
+ *
+ * The per-row losses go to `losses` (rows float32, losses_stride elements
+ * apart). MEAN and SUM
+ * also write their deterministic single-block reduction to *total (MEAN
+ * divides by the rows not ignored: 0 of them gives NaN). With `grad` (rows x
+ * C of dtype, row r at grad + r * grad_ld; may be exactly `logits`),
+ * grad = (softmax(x) - onehot(label)) * g * (*loss_scale when not NULL), g
+ * being 1 / (rows not ignored) for MEAN and 1 otherwise. `count` is 1 float32
+ * of scratch, used for MEAN with grad and has_ignore. One read of each row
+ * for the loss and the gradient (a warp per row up to 1024 classes, else a
+ * block per row). No atomics: results are bit-identical run to run. */
+typedef enum cl_loss_reduction {
+    CL_LOSS_NONE = 0,
+    CL_LOSS_MEAN,
+    CL_LOSS_SUM,
+} cl_loss_reduction;
+
+typedef struct cl_cross_entropy_desc {
+    cl_dtype dtype;       /* logits and grad */
+    cl_dtype label_dtype; /* CL_INT32 or CL_INT64 */
+    cl_loss_reduction reduction;
+    const void *logits;
+    const void *labels;
+    void *grad;              /* NULL: the loss only */
+    float *losses;           /* rows, losses_stride elements apart */
+    float *total;            /* MEAN, SUM: 1 element; NULL for NONE */
+    float *count;            /* scratch: 1 element */
+    const float *loss_scale; /* NULL or 1 element */
+    int64_t rows, cols;
+    int64_t logits_ld, grad_ld, labels_stride, losses_stride; /* elements */
+    int64_t ignore_index;
+    int has_ignore;
+} cl_cross_entropy_desc;
+
+cudaError_t cl_cross_entropy(const cl_cross_entropy_desc *desc, cudaStream_t stream);
+
 /* ---- random.cu ----------------------------------------------------------- */
 
 /* Counter-based Philox4x32-10 streams (described in random.cu). Element

@@ -76,6 +76,7 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_blas_methods) < 0 ||
         PyModule_AddFunctions(module, cl_nn_linear_methods) < 0 ||
         PyModule_AddFunctions(module, cl_optim_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_loss_methods) < 0 ||
         PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
         PyModule_AddFunctions(module, cl_timing_methods) < 0 ||
         cl_profiler_init(module, st) < 0) {

@@ -267,8 +267,24 @@ def clamp(
 def where(
     cond: DeviceArray, a: _Operand, b: _Operand, out: DeviceArray | None = None
 ) -> DeviceArray: ...  # a where cond, else b
+def relu_grad(grad: _Operand, x: _Operand, out: DeviceArray | None = None) -> DeviceArray: ...
+def gelu_grad(
+    grad: _Operand, x: _Operand, approximate: str = "none", out: DeviceArray | None = None
+) -> DeviceArray: ...  # grad * d/dx gelu(x)
 def _elementwise_functions() -> tuple[str, ...]: ...
 def _elementwise_result_type(func: str, *operands: object) -> np.dtype: ...
+
+# ---- nn losses (csrc/ops/loss.c, cuda/ops/cross_entropy.cu) ------------------------------
+
+def _nn_cross_entropy(
+    logits: DeviceArray,
+    labels: DeviceArray,
+    grad: DeviceArray | None = None,
+    reduction: str = "mean",
+    loss_scale: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    ignore_index: int | None = -100,
+) -> DeviceArray: ...  # 0-d float32 ('mean', 'sum') or (N,) float32 ('none')
 
 # ---- streams, events, CUDA graphs (csrc/runtime/stream.c, graph.c) ------------------------
 
