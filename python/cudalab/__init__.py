@@ -167,18 +167,20 @@ __all__ += [  # streams, events, CUDA graphs
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
 __all__ += ["bench", "lessons"]  # measurement, the lessons
+__all__ += ["nn"]  # layers, optimizers, loss scaling (loaded lazily)
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
 __all__ += ["profiler"]  # op profiler
 
 
 if _TYPE_CHECKING:
     from . import lessons  # noqa: F401  (for type checkers; loaded lazily below)
+    from . import nn  # noqa: F401
 
 
 def __getattr__(name: str):
-    # The lessons (17 modules) load on first use, not with every `import cudalab`.
-    if name == "lessons":
+    # The lessons (17 modules) and nn load on first use, not with every `import cudalab`.
+    if name in ("lessons", "nn"):
         import importlib
 
-        return importlib.import_module(f"{__name__}.lessons")
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
