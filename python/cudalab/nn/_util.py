@@ -54,7 +54,8 @@ def check_seed(value: Any, func: str) -> int:
 def check_real(value: Any, func: str, param: str) -> float:
     """`value` as a finite float (bool refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise arg_error(TypeError, func, param, f"expected a real number, got {type(value).__name__}")
+        raise arg_error(TypeError, func, param,
+                        f"expected a real number, got {type(value).__name__}")
     value = float(value)
     if not np.isfinite(value):
         raise arg_error(ValueError, func, param, f"must be finite, got {value}")
@@ -69,13 +70,21 @@ def check_activation(value: Any, func: str) -> str | None:
         raise arg_error(TypeError, func, "activation",
                         f"expected None, 'relu' or 'gelu', got {type(value).__name__}")
     if value not in ("relu", "gelu"):
-        raise arg_error(ValueError, func, "activation", f"expected None, 'relu' or 'gelu', got {value!r}")
+        raise arg_error(ValueError, func, "activation",
+                        f"expected None, 'relu' or 'gelu', got {value!r}")
     return value
 
 
 def check_array(value: Any, func: str, param: str) -> _core.DeviceArray:
     if not isinstance(value, _core.DeviceArray):
-        raise arg_error(TypeError, func, param, f"expected a DeviceArray, got {type(value).__name__}")
+        raise arg_error(TypeError, func, param,
+                        f"expected a DeviceArray, got {type(value).__name__}")
+    return value
+
+
+def check_bool(value: Any, func: str, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise arg_error(TypeError, func, param, f"expected a bool, got {type(value).__name__}")
     return value
 
 

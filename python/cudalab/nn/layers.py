@@ -27,6 +27,7 @@ from ._util import (
     arg_error,
     check_activation,
     check_array,
+    check_bool,
     check_int,
     check_seed,
     copy_into,
@@ -66,7 +67,8 @@ class Parameter:
 
     def __init__(self, name: str, value: _core.DeviceArray) -> None:
         if not isinstance(name, str):
-            raise arg_error(TypeError, "Parameter", "name", f"expected a str, got {type(name).__name__}")
+            raise arg_error(TypeError, "Parameter", "name",
+                            f"expected a str, got {type(name).__name__}")
         check_array(value, "Parameter", "value")
         if value.dtype != F32:
             raise arg_error(TypeError, "Parameter", "value",
@@ -136,8 +138,7 @@ class Linear:
                  activation: Optional[str] = None, *, seed: int = 0) -> None:
         self.in_features = check_int(in_features, "Linear", "in_features")
         self.out_features = check_int(out_features, "Linear", "out_features")
-        if not isinstance(bias, bool):
-            raise arg_error(TypeError, "Linear", "bias", f"expected a bool, got {type(bias).__name__}")
+        check_bool(bias, "Linear", "bias")
         self.activation = check_activation(activation, "Linear")
         self.seed = check_seed(seed, "Linear")
         bound = 1.0 / math.sqrt(self.in_features)
@@ -146,7 +147,8 @@ class Linear:
         self.weight = Parameter("weight", w)
         self.bias: Optional[Parameter] = None
         if bias:
-            b = _random.uniform(self.out_features, -bound, bound, F32, seed=derive_seed(self.seed, 1))
+            b = _random.uniform(self.out_features, -bound, bound, F32,
+                                seed=derive_seed(self.seed, 1))
             self.bias = Parameter("bias", b)
         self.input: Optional[_core.DeviceArray] = None
         self.aux: Optional[_core.DeviceArray] = None

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import _core
-from ._util import arg_error, check_array, check_real, copy_into
+from ._util import arg_error, check_array, check_bool, check_real, copy_into
 
 __all__ = ["GradScaler"]
 
@@ -99,8 +99,7 @@ class GradScaler:
         if not 1 <= growth_interval <= 2**31 - 1:
             raise arg_error(ValueError, func, "growth_interval",
                             f"must be in [1, 2**31 - 1], got {growth_interval}")
-        if not isinstance(enabled, bool):
-            raise arg_error(TypeError, func, "enabled", f"expected a bool, got {type(enabled).__name__}")
+        check_bool(enabled, func, "enabled")
         self.init_scale = init_scale
         self.growth_factor = growth_factor
         self.backoff_factor = backoff_factor

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _core
 from ..streams import graph as _graph
-from ._util import arg_error, check_array, copy_into
+from ._util import arg_error, check_array, check_bool, copy_into
 from .layers import MLP
 from .optim import Optimizer
 from .precision import Precision, get_precision
@@ -139,8 +139,7 @@ class Trainer:
     def __init__(self, model: MLP, optimizer: Optimizer, precision: Any = "fp32",
                  scaler: Optional[GradScaler] = None, *, graph: bool = False) -> None:
         self.precision = _check_setup("Trainer", model, optimizer, precision, scaler)
-        if not isinstance(graph, bool):
-            raise arg_error(TypeError, "Trainer", "graph", f"expected a bool, got {type(graph).__name__}")
+        check_bool(graph, "Trainer", "graph")
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.graph = graph
         self.steps = 0
