@@ -205,3 +205,260 @@ def test_numpy_loss_of_a_one_layer_model_is_log_softmax():
     z = x @ w.T + [0.5, -0.5]
     want = -np.mean([z[i, labels[i]] - np.log(np.exp(z[i]).sum()) for i in range(2)])
     assert _training.numpy_loss(model, x, labels) == pytest.approx(want, rel=1e-12)
+
+
+# ---- both lessons end to end on a NumPy stand-in for the GPU and for cudalab.nn -------------
+# Not a measurement: it runs each lesson's Python (setup, training loop, rows, findings,
+# claims, checks, JSON round trip and plot) with tiny parameters, so an error in that code
+# shows here rather than on the GPU run. The stand-in MLP has real float64 gradients and the
+# stand-in AdamW really steps, so the lessons' loss and gradient checks mean something.
+
+import json  # noqa: E402
+import types  # noqa: E402
+from unittest import mock  # noqa: E402
+
+import cudalab  # noqa: E402
+import test_lessons_d_cpu as standin  # noqa: E402  (the NumPy stand-in for cudalab's ops)
+from cudalab import nn as real_nn  # noqa: E402
+from cudalab.lessons import registry  # noqa: E402
+from cudalab.lessons.result import LessonResult  # noqa: E402
+
+_Array, _values = standin._Array, standin._values
+
+_TINY = {
+    "amp": {"in_features": 8, "hidden": (16,), "classes": 4, "batch": 32, "steps": 30,
+            "batches": 4, "lr": 0.01, "loop_steps": 3, "growth_interval": 5},
+    "grad_accumulation": {"in_features": 8, "hidden": (16, 16), "classes": 4, "batch": 32,
+                          "ks": (2, 4)},
+}
+
+
+def _view(a):
+    v = _Array.__new__(_Array)
+    v.a = a  # a NumPy view: writes go through, as into a DeviceArray view
+    return v
+
+
+def _gelu(z):
+    return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+
+
+def _dgelu(z):
+    k = math.sqrt(2 / math.pi)
+    t = np.tanh(k * (z + 0.044715 * z**3))
+    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * 0.044715 * z * z)
+
+
+class _Memory:
+    """The pool's counters: models add their bytes, a forward raises the peak by its rows."""
+
+    live = peak = 0
+
+
+class _Param:
+    def __init__(self, name, values):
+        self.name, self.value = name, _Array(values.astype(np.float32))
+        self.grad = _Array(np.zeros_like(self.value.a))
+
+
+class _Linear:
+    def __init__(self, n_in, n_out, activation, rng):
+        bound = 1 / math.sqrt(n_in)
+        self.in_features, self.out_features, self.activation = n_in, n_out, activation
+        self.weight = _Param("weight", rng.uniform(-bound, bound, (n_out, n_in)))
+        self.bias = _Param("bias", rng.uniform(-bound, bound, n_out))
+
+
+class _MLP:
+    def __init__(self, sizes, activation="gelu", *, seed=0):
+        rng = np.random.default_rng(seed)
+        self.sizes, last = tuple(sizes), len(sizes) - 2
+        self.layers = [_Linear(a, b, None if i == last else activation, rng)
+                       for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))]
+        _Memory.live += 8 * sum(p.value.a.size for p in self.parameters())
+
+    def parameters(self):
+        return [p for layer in self.layers for p in (layer.weight, layer.bias)]
+
+    def cast_weights(self, precision="fp32"):
+        real_nn.get_precision(precision)
+
+    def forward(self, x, precision="fp32", *, cast_weights=True):
+        real_nn.get_precision(precision)
+        h, self.saved = _values(x).astype(np.float64), []
+        for layer in self.layers:
+            z = h @ layer.weight.value.a.T + layer.bias.value.a
+            self.saved.append((h, z))
+            h = _gelu(z) if layer.activation == "gelu" else z
+        _Memory.peak = max(_Memory.peak, _Memory.live + 8 * h.shape[0] * sum(self.sizes))
+        return _Array(h.astype(np.float32))
+
+    def backward(self, grad, *, accumulate=False):
+        g = _values(grad).astype(np.float64)
+        for layer, (h, z) in reversed(list(zip(self.layers, self.saved))):
+            if layer.activation == "gelu":
+                g = g * _dgelu(z)
+            for p, v in ((layer.weight, g.T @ h), (layer.bias, g.sum(0))):
+                p.grad.a[...] = (p.grad.a if accumulate else 0) + v
+            g = g @ layer.weight.value.a
+
+
+def _cross_entropy(logits, labels, *, grad=None, loss_scale=None):
+    z = _values(logits).astype(np.float64)
+    rows = np.arange(len(z))
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    loss = -np.log(p[rows, _values(labels)]).mean()
+    if grad is not None:
+        p[rows, _values(labels)] -= 1
+        grad.a[...] = p / len(z) * (1.0 if loss_scale is None else _values(loss_scale)[0])
+    return _Array(np.float32(loss))
+
+
+class _AdamW:
+    def __init__(self, params, lr=1e-3):
+        self.params, self.lr, self.t = list(params), lr, 0
+        self.m = [np.zeros_like(p.value.a) for p in self.params]
+        self.v = [np.zeros_like(p.value.a) for p in self.params]
+
+    def step(self, found_inf=None):
+        if found_inf is not None and _values(found_inf)[0]:
+            return
+        self.t += 1
+        for p, m, v in zip(self.params, self.m, self.v):
+            g = p.grad.a
+            m[...] = 0.9 * m + 0.1 * g
+            v[...] = 0.999 * v + 0.001 * g * g
+            step = m / (1 - 0.9**self.t) / (np.sqrt(v / (1 - 0.999**self.t)) + 1e-8)
+            p.value.a -= self.lr * (step + 0.01 * p.value.a)
+
+
+class _Scaler:
+    """PyTorch's rule; the first step overflows on purpose, so a backoff shows."""
+
+    def __init__(self, init_scale=2.0**16, growth_interval=2000):
+        self.init_scale, self.interval, self.clean, self.steps = init_scale, growth_interval, 0, 0
+        self.scale = _Array(np.array([init_scale], np.float32))
+        self.found_inf = _Array(np.zeros(1, np.float32))
+
+    def unscale_and_update(self, grads):
+        found = self.steps == 0 or not all(np.isfinite(g.a).all() for g in grads)
+        for g in grads:
+            g.a /= self.scale.a[0]
+        self.found_inf.a[0] = found
+        self.steps += 1
+        self.clean = 0 if found else self.clean + 1
+        if found:
+            self.scale.a[0] *= 0.5
+        elif self.clean == self.interval:
+            self.scale.a[0] *= 2.0
+            self.clean = 0
+
+    def get_scale(self):
+        return float(self.scale.a[0])
+
+
+def _train_step(model, opt, x, labels, precision="fp32", scaler=None):
+    logits = model.forward(x, precision)
+    loss = _cross_entropy(logits, labels, grad=logits,
+                          loss_scale=None if scaler is None else scaler.scale)
+    model.backward(logits)
+    if scaler is not None:
+        scaler.unscale_and_update([p.grad for p in model.parameters()])
+    opt.step(found_inf=None if scaler is None else scaler.found_inf)
+    return loss
+
+
+class _TeacherData:
+    """A linear teacher: learnable in a few steps."""
+
+    def __init__(self, in_features, classes, batch_size, *, hidden=(64,), batches=100, seed=0):
+        self.shape, self.batches, self.seed = (batch_size, in_features), batches, seed
+        self.teacher = np.random.default_rng(seed + 1).standard_normal((in_features, classes))
+
+    def __iter__(self):
+        for i in range(self.batches):
+            x = np.random.default_rng((self.seed, i)).standard_normal(self.shape)
+            yield _Array(x.astype(np.float32)), _Array(np.argmax(x @ self.teacher, axis=1))
+
+
+def _fake_nn(monkeypatch):
+    fake = types.SimpleNamespace(
+        MLP=_MLP, AdamW=_AdamW, GradScaler=_Scaler, TeacherData=_TeacherData,
+        train_step=_train_step, PRECISIONS=real_nn.PRECISIONS,
+        functional=types.SimpleNamespace(cross_entropy=_cross_entropy))
+    for module in (amp, ga, _training):
+        monkeypatch.setattr(module, "nn", fake)
+    monkeypatch.setattr(_Array, "__getitem__", lambda self, key: _view(self.a[key]),
+                        raising=False)
+    _Memory.live = _Memory.peak = 0
+
+    def reset():
+        _Memory.peak = _Memory.live
+
+    for name, fn in {"mul": lambda a, b, out=None: standin._into(out, _values(a) * b),
+                     "memory_allocated": lambda: _Memory.live,
+                     "max_memory_allocated": lambda: _Memory.peak,
+                     "reset_peak_memory_stats": reset}.items():
+        monkeypatch.setattr(cudalab, name, fn)
+
+
+@pytest.mark.parametrize("name", list(_TINY))
+def test_lesson_runs_on_a_numpy_stand_in(monkeypatch, name):
+    timer = standin._fake_gpu(monkeypatch)
+    _fake_nn(monkeypatch)
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    x = lessons.get(name)
+    params = {**x.defaults(True), **_TINY[name]}
+    r = registry.LessonRun(x, params, True)
+    r.timer = timer
+    x.function(r)
+    assert r.rows and r.findings and r.claims and r.checks
+    assert all(c.passed for c in r.checks)
+    keys = {tuple(row) for row in r.rows}
+    assert keys == {(amp.ROW_KEYS if name == "amp" else ga.ROW_KEYS)}
+    for f in r.findings:
+        assert set(f.labels) <= set(r.measurements), f
+    result = LessonResult(
+        lesson=x.name, number=x.number, title=x.title, seed=x.seed, params=params, quick=True,
+        device={"name": "Fake GPU"}, env={}, measurements=dict(r.measurements),
+        rows=tuple(r.rows), findings=tuple(r.findings), claims=tuple(r.claims),
+        checks=tuple(r.checks), wall_seconds=0.0, created="2026-11-23T00:00:00+00:00")
+    back = LessonResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert back.rows == result.rows and back.findings == result.findings
+    assert x.name in result.table()
+    ax = mock.MagicMock()
+    ax.plot.return_value = [mock.MagicMock()]
+    x.plot(result, ax)
+
+
+def test_amp_on_the_stand_in_reads_the_scaler_history(monkeypatch):
+    timer = standin._fake_gpu(monkeypatch)
+    _fake_nn(monkeypatch)
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    x = lessons.get("amp")
+    r = registry.LessonRun(x, {**x.defaults(True), **_TINY["amp"]}, True)
+    r.timer = timer
+    x.function(r)
+    fp16 = next(row for row in r.rows if row["precision"] == "fp16")
+    # one skipped step (the first), then a growth every 5 clean steps over the 29 others
+    assert fp16["skipped_steps"] == 1
+    assert fp16["final_scale"] == 2.0**15 * 2 ** (29 // 5)
+    assert all(row["skipped_steps"] is None for row in r.rows if row["precision"] != "fp16")
+    assert {row["impl"] for row in r.rows} == {"cudalab"}
+    assert amp.SYNCED in r.measurements and "loop fp16" in r.measurements
+
+
+def test_grad_accumulation_on_the_stand_in_saves_memory(monkeypatch):
+    timer = standin._fake_gpu(monkeypatch)
+    _fake_nn(monkeypatch)
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    x = lessons.get("grad_accumulation")
+    r = registry.LessonRun(x, {**x.defaults(True), **_TINY["grad_accumulation"]}, True)
+    r.timer = timer
+    x.function(r)
+    rows = {row["k"]: row for row in r.rows}
+    assert sorted(rows) == [1, 2, 4]
+    assert rows[4]["step_mib"] == pytest.approx(rows[1]["step_mib"] / 4)
+    assert rows[2]["grad_max_rel_diff"] < 1e-6 and rows[1]["grad_max_rel_diff"] is None
+    assert len([c for c in r.checks if "accumulated grads" in c.what]) == 2

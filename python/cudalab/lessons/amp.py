@@ -97,7 +97,7 @@ def speed_text(name: str, speedup: float, step_s: float, fp32_s: float) -> str:
         return base + ": the GEMMs run on tensor cores and move half the bytes"
     if speedup <= 1 / AMP_FASTER:
         return base + ": slower, the casts and scaler kernels outweigh faster GEMMs at this size"
-    return base + ": no faster, the step is bound by launches and small kernels, not GEMMs"
+    return base + ": no faster, at this size the step's time is not in its GEMMs"
 
 
 def sync_text(free_s: float, synced_s: float) -> str:
@@ -224,15 +224,21 @@ def _torch_step(torch: Any, twin: Any, opt: Any, scaler: Any,
     return step
 
 
+def _torch_scaler(torch: Any, growth_interval: int) -> Any:
+    """torch.amp.GradScaler, or torch.cuda.amp's in PyTorch versions before it moved."""
+    make = getattr(torch.amp, "GradScaler", None)
+    if make is None:
+        return torch.cuda.amp.GradScaler(init_scale=INIT_SCALE, growth_interval=growth_interval)
+    return make("cuda", init_scale=INIT_SCALE, growth_interval=growth_interval)
+
+
 def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tuple[Any, Any]],
                name: str) -> dict[str, Any]:
     """PyTorch trains the same MLP in precision `name`: losses, scale history, timings."""
     p = r.params
     twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
     opt = torch.optim.AdamW(twin.parameters(), lr=p["lr"])
-    scaler = (torch.amp.GradScaler("cuda", init_scale=INIT_SCALE,
-                                   growth_interval=p["growth_interval"])
-              if name == "fp16" else None)
+    scaler = _torch_scaler(torch, p["growth_interval"]) if name == "fp16" else None
     step = _torch_step(torch, twin, opt, scaler, name)
     losses, scales = [], []
     for i in range(p["steps"]):

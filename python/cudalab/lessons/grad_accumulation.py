@@ -231,9 +231,9 @@ def _findings(r: LessonRun, ours: dict, ks: Sequence[int], theirs: dict) -> None
         r.finding(trade_text(k, batch // k, memory, time), value=ratio(1.0, memory), unit="x",
                   labels=(v["time"].label, big["time"].label))
     model = big["peak"] - big["step"]
-    r.finding(f"The model, its gradients and AdamW's two moments take {model / MIB:.0f} MiB "
-              f"whatever k; one step over {batch} rows adds {big['step'] / MIB:.0f} MiB, "
-              f"k={ks[-1]} micro-batches add {ours[ks[-1]]['step'] / MIB:.0f} MiB",
+    r.finding(f"The model, its gradients and AdamW's two moments take {model / MIB:.3g} MiB "
+              f"whatever k; one step over {batch} rows adds {big['step'] / MIB:.3g} MiB, "
+              f"k={ks[-1]} micro-batches add {ours[ks[-1]]['step'] / MIB:.3g} MiB",
               value=model / MIB, unit="MiB")
     diffs = [grad_difference(ours[k]["grads"], big["grads"]) for k in ks[1:]]
     r.finding(f"Accumulated gradients equal the big batch's: largest relative difference "
