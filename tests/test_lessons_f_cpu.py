@@ -180,7 +180,7 @@ def test_trade_text_follows_the_thresholds():
 
 
 def test_flops_of_a_step():
-    assert ga._flops((4, 8, 2), 10) == 3 * 2 * 10 * (4 * 8 + 8 * 2)
+    assert _training.step_flops((4, 8, 2), 10) == 3 * 2 * 10 * (4 * 8 + 8 * 2)
 
 
 # ---- the shared NumPy loss ----------------------------------------------------------------------
@@ -437,9 +437,11 @@ def test_amp_on_the_stand_in_reads_the_scaler_history(monkeypatch):
     _fake_nn(monkeypatch)
     monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
     x = lessons.get("amp")
-    r = registry.LessonRun(x, {**x.defaults(True), **_TINY["amp"]}, True)
+    r = registry.LessonRun(x, {**x.defaults(True), **_TINY["amp"]}, False)  # full: peaks too
     r.timer = timer
     x.function(r)
+    assert all(row["pct_peak"] is not None for row in r.rows)
+    assert any("measured matmul peak" in f.text for f in r.findings)
     fp16 = next(row for row in r.rows if row["precision"] == "fp16")
     # one skipped step (the first), then a growth every 5 clean steps over the 29 others
     assert fp16["skipped_steps"] == 1

@@ -43,6 +43,11 @@ def check_positive(lesson: str, p: Mapping[str, Any], *names: str) -> None:
             raise ValueError(f"lesson {lesson!r}: {name} must be an int >= 1, got {v!r}")
 
 
+def step_flops(sizes: Sequence[int], batch: int) -> float:
+    """The GEMM FLOPs of one step: forward, input- and weight-gradient GEMMs of every layer."""
+    return 3 * 2.0 * batch * sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
 def teacher_batches(sizes: Sequence[int], rows: int, count: int,
                     seed: int) -> list[tuple[Any, Any]]:
     """`count` batches (x, labels) of `rows` rows, made once on the device before timing."""

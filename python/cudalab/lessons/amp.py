@@ -52,7 +52,13 @@ INIT_SCALE = 2.0**16
 LOOP_TIMER = "host clock around the loop of steps + synchronize, per step"
 SYNCED = "fp16, get_scale() every step"
 
-ROW_KEYS = ("impl", "precision", "step_ms", "samples_per_s", "speedup", "loop_ms",
+# The measured matmul peak each mode's GEMMs run against (full mode only: quick sizes are
+# launch-bound, and measuring four peaks would cost more than the lesson).
+CEILINGS = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
+            "bf16": "matmul_bfloat16"}
+
+ROW_KEYS = ("impl", "precision", "step_ms", "samples_per_s", "speedup", "tflops", "pct_peak",
+            "loop_ms",
             "synced_loop_ms", "first_loss", "final_loss", "vs_fp32_pct", "skipped_steps",
             "final_scale")
 
@@ -171,6 +177,13 @@ def _loop(one: Callable[[], Any], n: int,
     return run
 
 
+def _measure_step(r: LessonRun, label: str, one: Callable[[], Any], sizes: tuple[int, ...],
+                  name: str) -> Any:
+    return r.measure(label, one, flops=T.step_flops(sizes, r.params["batch"]),
+                     ceiling=None if r.quick else CEILINGS[name],
+                     description="one training step (CUDA events)")
+
+
 def _numpy_check(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any]]) -> None:
     model = nn.MLP(sizes, "gelu", seed=r.params["seed"])
     x, labels = batches[0]
@@ -189,7 +202,7 @@ def _ours(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any
         run = Run(p, sizes, name)
         trained = _train(run, batches, p["steps"])
         one = _cycle(run.step, batches)
-        m = r.measure(f"step {name}", one, description="one training step (CUDA events)")
+        m = _measure_step(r, f"step {name}", one, sizes, name)
         loops = {f"loop {name}": _loop(one, p["loop_steps"])}
         if run.scaler is not None:
             loops[SYNCED] = _loop(one, p["loop_steps"], run.scaler.get_scale)
@@ -251,8 +264,7 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tu
         backoffs = scale_story(scales, [0.0] * len(scales), INIT_SCALE)
         out["scaler"] = {**backoffs, "skipped": backoffs["backoffs"]}  # a skip halves the scale
     one = _cycle(step, tb)
-    out["step"] = r.measure(f"torch step {name}", one,
-                            description="one torch training step (CUDA events)")
+    out["step"] = _measure_step(r, f"torch step {name}", one, sizes, name)
     [t] = host_clock({"l": _loop(one, p["loop_steps"])}, HOST_REPEATS[r.quick],
                      warmup=r.timer.settings.warmup).values()
     label = f"torch loop {name}"
@@ -343,6 +355,7 @@ def _row(r: LessonRun, impl: str, name: str, x: dict, fp32: dict) -> None:
     final, final32 = final_loss(x["losses"]), final_loss(fp32["losses"])
     r.row(impl=impl, precision=name, step_ms=step * 1e3,
           samples_per_s=r.params["batch"] / step, speedup=fp32["step"].median / step,
+          tflops=x["step"].tflops, pct_peak=x["step"].percent_of_ceiling,
           loop_ms=x["loop"].median * 1e3,
           synced_loop_ms=None if x["synced"] is None else x["synced"].median * 1e3,
           first_loss=float(x["losses"][0]), final_loss=final,
@@ -366,6 +379,14 @@ def _findings(r: LessonRun, ours: dict, theirs: dict, names: Sequence[str]) -> N
     r.finding(f"Final loss after {r.params['steps']} steps (mean of the last tenth): "
               f"{', '.join(parts)}; the farthest from fp32's is {worst:.2%} away",
               value=100.0 * worst, unit="%")
+    peaks = {n: ours[n]["step"].percent_of_ceiling for n in names}
+    if all(v is not None for v in peaks.values()):
+        r.finding("GEMM FLOPs per step over the step time, against this GPU's measured matmul "
+                  "peak of the same type: " + ", ".join(
+                      f"{n} {ours[n]['step'].tflops:.1f} TFLOP/s ({v:.0f}%)"
+                      for n, v in peaks.items()),
+                  value=max(peaks.values()), unit="%",
+                  labels=tuple(ours[n]["step"].label for n in names))
     if "fp16" in ours:
         s, steps = ours["fp16"]["scaler"], r.params["steps"]
         r.finding(f"fp16 loss scaler: {s['skipped']} of {steps} steps skipped on the device "
