@@ -26,6 +26,7 @@ from _support import F32, random_array, rel_err, torch_cuda, widen
 
 import cudalab
 import cudalab.nn as nn
+from cudalab.lessons._training import torch_twin  # the same MLP in torch.nn
 
 pytestmark = pytest.mark.gpu
 
@@ -448,23 +449,6 @@ def test_sgd_training_loss_falls():
     assert losses[-10:].mean() < 0.5 * losses[0], (losses[0], losses[-10:])
 
 
-def _torch_twin(torch, model):
-    layers = []
-    cudalab.synchronize()
-    for layer in model.layers:
-        lin = torch.nn.Linear(layer.in_features, layer.out_features, device="cuda")
-        with torch.no_grad():
-            lin.weight.copy_(torch.from_dlpack(layer.weight.value))
-            lin.bias.copy_(torch.from_dlpack(layer.bias.value))
-        layers.append(lin)
-        if layer.activation == "gelu":
-            layers.append(torch.nn.GELU(approximate="tanh"))
-        elif layer.activation == "relu":
-            layers.append(torch.nn.ReLU())
-    torch.cuda.synchronize()
-    return torch.nn.Sequential(*layers)
-
-
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
 def test_fp32_training_matches_torch_step_by_step(opt_name):
     torch = torch_cuda()
@@ -472,7 +456,7 @@ def test_fp32_training_matches_torch_step_by_step(opt_name):
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         model = nn.MLP([IN, *HIDDEN, CLASSES], "gelu", seed=21)
-        twin = _torch_twin(torch, model)
+        twin = torch_twin(torch, model)
         if opt_name == "sgd":
             opt = nn.SGD(model.parameters(), lr=0.1, momentum=0.9)
             topt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
