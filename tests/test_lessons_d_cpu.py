@@ -358,6 +358,11 @@ class _Array:
     def record_stream(self, stream):
         assert isinstance(stream, _Stream)
 
+    def reshape(self, *shape):
+        view = _Array.__new__(_Array)  # shares memory, like DeviceArray.reshape
+        view.a = self.a.reshape(*shape)
+        return view
+
 
 def _values(x):
     return x.a if isinstance(x, _Array) else x
@@ -366,6 +371,9 @@ def _values(x):
 def _into(out, values):
     if out is None:
         return _Array(values)
+    # cudalab's out= must have the result's shape (no broadcasting into it).
+    if out.a.shape != np.shape(values):
+        raise ValueError(f"out has shape {out.a.shape} but the result has shape {np.shape(values)}")
     out.a[...] = values
     return out
 

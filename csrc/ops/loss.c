@@ -82,7 +82,9 @@ optional_array_type(ce_call *c, PyObject *obj, const char *param)
 static bool
 rows_contiguous(const DeviceArray *a)
 {
-    return a->shape[1] <= 1 || a->strides[1] == (Py_ssize_t)cl_itemsize(a->dtype);
+    /* An empty array has no row to read, whatever strides it was given. */
+    return a->shape[0] == 0 || a->shape[1] <= 1
+           || a->strides[1] == (Py_ssize_t)cl_itemsize(a->dtype);
 }
 
 static int

@@ -146,10 +146,10 @@ def _train(run: Run, batches: Sequence[tuple[Any, Any]], steps: int) -> dict[str
         found = cudalab.empty((steps,), dtype=np.float32)
     for i in range(steps):
         x, labels = batches[i % len(batches)]
-        cudalab.mul(run.step(x, labels), 1, out=losses[i:i + 1])
+        cudalab.mul(run.step(x, labels).reshape(1), 1, out=losses[i:i + 1])
         if s is not None:
-            cudalab.mul(s.scale, 1, out=scales[i:i + 1])
-            cudalab.mul(s.found_inf, 1, out=found[i:i + 1])
+            cudalab.mul(s.scale.reshape(1), 1, out=scales[i:i + 1])
+            cudalab.mul(s.found_inf.reshape(1), 1, out=found[i:i + 1])
     out = {"losses": losses.get()}
     if s is not None:
         out["scaler"] = scale_story(scales.get(), found.get(), s.init_scale)
