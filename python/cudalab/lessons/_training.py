@@ -9,7 +9,7 @@ batches (shared through DLPack) beside it.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -113,3 +113,37 @@ class Tf32:
 
     def __exit__(self, *exc: Any) -> None:
         self.matmul.allow_tf32 = self.saved
+
+
+def torch_step(torch: Any, twin: Any, opt: Any, scaler: Any,
+               name: str) -> Callable[[Any, Any], Any]:
+    """One PyTorch training step in precision `name` as a function of (x, labels):
+    autocast for fp16/bf16, the loss scaled by `scaler` when given, the loss
+    returned detached."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(name)
+    ce = torch.nn.functional.cross_entropy
+
+    def step(x: Any, labels: Any) -> Any:
+        opt.zero_grad(set_to_none=True)
+        if dtype is None:
+            loss = ce(twin(x), labels)
+        else:
+            with torch.autocast("cuda", dtype=dtype):
+                loss = ce(twin(x), labels)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss.detach()
+    return step
+
+
+def torch_scaler(torch: Any, init_scale: float = 2.0**16, growth_interval: int = 2000) -> Any:
+    """torch.amp.GradScaler, or torch.cuda.amp's in PyTorch versions before it moved."""
+    make = getattr(torch.amp, "GradScaler", None)
+    if make is None:
+        return torch.cuda.amp.GradScaler(init_scale=init_scale, growth_interval=growth_interval)
+    return make("cuda", init_scale=init_scale, growth_interval=growth_interval)

@@ -214,45 +214,14 @@ def _ours(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any
     return out
 
 
-def _torch_step(torch: Any, twin: Any, opt: Any, scaler: Any,
-                name: str) -> Callable[[Any, Any], Any]:
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(name)
-    ce = torch.nn.functional.cross_entropy
-
-    def step(x: Any, labels: Any) -> Any:
-        opt.zero_grad(set_to_none=True)
-        if dtype is None:
-            loss = ce(twin(x), labels)
-        else:
-            with torch.autocast("cuda", dtype=dtype):
-                loss = ce(twin(x), labels)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return loss.detach()
-    return step
-
-
-def _torch_scaler(torch: Any, growth_interval: int) -> Any:
-    """torch.amp.GradScaler, or torch.cuda.amp's in PyTorch versions before it moved."""
-    make = getattr(torch.amp, "GradScaler", None)
-    if make is None:
-        return torch.cuda.amp.GradScaler(init_scale=INIT_SCALE, growth_interval=growth_interval)
-    return make("cuda", init_scale=INIT_SCALE, growth_interval=growth_interval)
-
-
 def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tuple[Any, Any]],
                name: str) -> dict[str, Any]:
     """PyTorch trains the same MLP in precision `name`: losses, scale history, timings."""
     p = r.params
     twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
     opt = torch.optim.AdamW(twin.parameters(), lr=p["lr"])
-    scaler = _torch_scaler(torch, p["growth_interval"]) if name == "fp16" else None
-    step = _torch_step(torch, twin, opt, scaler, name)
+    scaler = T.torch_scaler(torch, INIT_SCALE, p["growth_interval"]) if name == "fp16" else None
+    step = T.torch_step(torch, twin, opt, scaler, name)
     losses, scales = [], []
     for i in range(p["steps"]):
         x, labels = tb[i % len(tb)]
