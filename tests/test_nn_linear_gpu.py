@@ -315,6 +315,24 @@ def test_backward_weight_accumulate(rng, dtype, precision):
     assert_near(out, widen(g2).T @ widen(x2), dtype, precision)
 
 
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["float16", "bfloat16"])
+def test_backward_weight_float32_out_from_half(rng, dtype):
+    """Half operands, float32 out and bias_grad: the float32 accumulator written
+    as is (more accurate than the half result), and accumulate adds in float32."""
+    (g, dg) = make(rng, (N, OUT), dtype)
+    (x, dx) = make(rng, (N, IN), dtype)
+    out = cudalab.full((OUT, IN), 5.0, dtype=F32)
+    bias_grad = cudalab.full((OUT,), 3.0, dtype=F32)
+    assert backward_weight(dg, dx, out=out, bias_grad=bias_grad) is out
+    want = widen(g).T @ widen(x)
+    assert rel_err(widen(out), want) < 1e-5  # float32 accuracy, not half's
+    assert rel_err(widen(bias_grad), widen(g).sum(axis=0)) < 1e-5
+    backward_weight(dg, dx, out=out, accumulate=True)
+    assert rel_err(widen(out), 2 * want) < 1e-5
+    with pytest.raises(TypeError, match="bias_grad.*float32 like out"):
+        backward_weight(dg, dx, out=out, bias_grad=cudalab.full((OUT,), 3.0, dtype=dtype))
+
+
 def test_backward_leading_axes(rng):
     """grad_y and x of shape (3, 5, ...) are 15 rows."""
     (g, dg) = make(rng, (15, OUT), F32)

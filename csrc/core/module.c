@@ -69,6 +69,7 @@ cl_exec(PyObject *module)
     if (PyModule_AddFunctions(module, cl_device_methods) < 0 ||
         PyModule_AddFunctions(module, cl_memory_methods) < 0 ||
         PyModule_AddFunctions(module, cl_creation_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_copyto_methods) < 0 ||
         PyModule_AddFunctions(module, cl_elementwise_methods) < 0 ||
         PyModule_AddFunctions(module, cl_reduce_methods) < 0 ||
         PyModule_AddFunctions(module, cl_transpose_methods) < 0 ||

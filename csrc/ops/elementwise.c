@@ -60,20 +60,6 @@ static const signed char promote_table[PROMOTE_N][PROMOTE_N] = {
     /* i16 */ {I2, I2, I2, I4, I8, F4, F4,  F4, F8, I2},
 };
 
-/* np.can_cast(from, to, "same_kind") (rows: from). */
-static const unsigned char same_kind_table[CL_NUM_DTYPES][CL_NUM_DTYPES] = {
-    /*         b  i8 u8 i32 i64 f16 bf16 f32 f64 */
-    /* b   */ {1, 1, 1, 1, 1, 1, 1, 1, 1},
-    /* i8  */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
-    /* u8  */ {0, 1, 1, 1, 1, 1, 1, 1, 1},
-    /* i32 */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
-    /* i64 */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
-    /* f16 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
-    /* bf16*/ {0, 0, 0, 0, 0, 0, 1, 1, 1},
-    /* f32 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
-    /* f64 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
-};
-
 #undef B_
 #undef I1
 #undef U1
@@ -773,7 +759,7 @@ ew_validate(ew_call *c, PyObject *out_obj)
     if (broadcast_shape(c) < 0 || cl_op_out(&c->op, out_obj, c->nd, c->shape, &c->out) < 0) {
         return -1;
     }
-    if (c->out != NULL && !same_kind_table[c->r][c->out->dtype]) {
+    if (c->out != NULL && !cl_can_cast_same_kind(c->r, c->out->dtype)) {
         return cl_op_out_cast_error(&c->op, c->r, c->out->dtype);
     }
     for (int k = 0; k < c->nin; k++) {

@@ -113,6 +113,7 @@ typedef struct lin_call {
     int precision;
     int act;
     bool accumulate;
+    bool out_f32;         /* half operands, float32 out (and bias_grad): weight gradients */
     lin_mat a, b;         /* the two operands (x and weight, grad_y and weight, grad_y and x) */
     DeviceArray *bias;    /* bias read, or bias gradient written; NULL: none */
     DeviceArray *aux;     /* NULL: none */
@@ -302,8 +303,14 @@ vector_arg(lin_call *c, PyObject *obj, const char *param, int64_t length, Device
         return cl_expected_array_error(c->op.func, param, obj, true);
     }
     DeviceArray *a = (DeviceArray *)obj;
-    if (cl_op_same_device(&c->op, a, param) < 0 || check_dtype(c, a, param) < 0) {
+    if (cl_op_same_device(&c->op, a, param) < 0) {
         return -1;
+    }
+    if (c->out_f32 ? a->dtype != CL_FLOAT32 : check_dtype(c, a, param) < 0) {
+        return c->out_f32 ? cl_arg_error(PyExc_TypeError, c->op.func, param,
+                                         "must be float32 like out, got %s",
+                                         cl_dtype_name(a->dtype))
+                          : -1;
     }
     if (a->ndim != 1 || a->shape[0] != length) {
         PyObject *got = cl_shape_tuple(a->ndim, a->shape);
@@ -402,7 +409,7 @@ static int
 out_arg(lin_call *c, PyObject *obj)
 {
     if (cl_op_out(&c->op, obj, c->rnd, c->rshape, &c->out) < 0 ||
-        cl_op_out_dtype(&c->op, c->out, c->dtype) < 0) {
+        cl_op_out_dtype(&c->op, c->out, c->out_f32 ? CL_FLOAT32 : c->dtype) < 0) {
         return -1;
     }
     c->out_ld = c->rshape[c->rnd - 1];
@@ -591,6 +598,10 @@ backward_weight_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_g
     c->rnd = 2;
     c->rshape[0] = (Py_ssize_t)c->a.cols;
     c->rshape[1] = (Py_ssize_t)c->b.cols;
+    /* Half operands may write float32 gradients straight from the GEMM (its
+     * accumulator's type): no half copy to cast, and accumulation in float32. */
+    c->out_f32 = c->dtype != CL_FLOAT32 && argv[2] != NULL && CL_IS_DEVICEARRAY(st, argv[2]) &&
+                 ((DeviceArray *)argv[2])->dtype == CL_FLOAT32;
     if (out_arg(c, argv[2]) < 0 || vector_arg(c, argv[3], "bias_grad", c->a.cols, &c->bias) < 0) {
         return -1;
     }
@@ -663,6 +674,7 @@ lin_run(lin_call *c, const lin_gemm *g, DeviceArray *target)
     key.align_y = cl_mm_alignment_of((uintptr_t)g->y->arr->data);
     key.align_c = cl_mm_alignment_of((uintptr_t)target->data);
     key.epilogue = g->epilogue;
+    key.out_f32 = c->out_f32;
     if (c->bias != NULL) {
         key.align_bias = cl_mm_alignment_of((uintptr_t)c->bias->data);
     }
@@ -838,9 +850,11 @@ PyDoc_STRVAR(_nn_linear_backward_weight_doc,
 "Parameters\n----------\n"
 "grad_y : DeviceArray\n    (..., out_features): float32, float16 or bfloat16.\n"
 "x : DeviceArray\n    (..., in_features), as many rows as grad_y, of its dtype.\n"
-"out : DeviceArray, optional\n    (out_features, in_features) of grad_y's dtype.\n"
+"out : DeviceArray, optional\n    (out_features, in_features) of grad_y's dtype, or float32 when grad_y\n"
+"    is float16 or bfloat16 (the GEMM's float32 accumulator written as is:\n"
+"    master-weight gradients with no half copy and no cast).\n"
 "bias_grad : DeviceArray, optional\n"
-"    (out_features,), of grad_y's dtype, overwritten.\n"
+"    (out_features,), of out's dtype, overwritten.\n"
 "accumulate : bool, optional\n"
 "    Add into `out` (beta = 1) instead of overwriting it, for gradient\n"
 "    accumulation; needs `out`. Not with `bias_grad`: cuBLASLt's bias\n"

@@ -52,6 +52,7 @@ typedef struct cl_mm_key {
     int epilogue;         /* cublasLtEpilogue_t; 0: CUBLASLT_EPILOGUE_DEFAULT */
     int64_t aux_ld;       /* EPILOGUE_AUX_LD: elements, bits for a ReLU mask */
     uint32_t align_bias, align_aux;
+    int out_f32;          /* C and D float32 with half X and Y (float32 accumulate) */
 } cl_mm_key;
 
 /* Per-call extras of a product: the epilogue's pointers and beta. */

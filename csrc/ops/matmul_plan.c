@@ -378,7 +378,8 @@ lt_layouts_create(cl_state *st, const cl_mm_key *key, cublasLtMatrixLayout_t *lx
                                                    (uint64_t)(xn ? key->k : key->m), key->ldx));
     CL_CUBLAS_CHECK(st, cublasLtMatrixLayoutCreate(ly, type, (uint64_t)(yn ? key->k : key->n),
                                                    (uint64_t)(yn ? key->n : key->k), key->ldy));
-    CL_CUBLAS_CHECK(st, cublasLtMatrixLayoutCreate(lc, type, (uint64_t)key->m,
+    cudaDataType ctype = key->out_f32 ? CUDA_R_32F : type;
+    CL_CUBLAS_CHECK(st, cublasLtMatrixLayoutCreate(lc, ctype, (uint64_t)key->m,
                                                    (uint64_t)key->n, key->ldc));
     if (key->batch > 1) {
         if (set_layout_batch(st, *lx, key->batch, key->sx) < 0 ||
@@ -413,7 +414,7 @@ lt_pref_create(cl_state *st, const cl_mm_key *key, cublasLtMatmulPreference_t *p
     CL_CUBLAS_CHECK(st, cublasLtMatmulPreferenceSetAttribute(
                             *pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->align_c,
                             sizeof key->align_c));
-    if (key->dtype == CL_FLOAT16 || key->dtype == CL_BFLOAT16) {
+    if ((key->dtype == CL_FLOAT16 || key->dtype == CL_BFLOAT16) && !key->out_f32) {
         /* Split-K partial sums stay in fp32: no reduction in the output type
          * (INPLACE reduces through the output buffer, hence its type too). */
         uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -575,13 +576,14 @@ cl_mm_run_args(cl_state *st, const cl_mm_exec *ex, const void *x, const void *y,
         return -1;
     }
     cudaDataType type = cuda_type((cl_dtype)k->dtype);
+    cudaDataType ctype = k->out_f32 ? CUDA_R_32F : type;
     if (prepare_blas(st, h) < 0) {
         return -1;
     }
     CL_CUBLAS_CHECK(st, cublasGemmStridedBatchedEx_64(
                             h->blas, (cublasOperation_t)k->opx, (cublasOperation_t)k->opy, k->m,
                             k->n, k->k, alpha, x, type, k->ldx, k->sx, y, type, k->ldy, k->sy,
-                            beta, c, type, k->ldc, k->sc, k->batch,
+                            beta, c, ctype, k->ldc, k->sc, k->batch,
                             (cublasComputeType_t)k->compute, CUBLAS_GEMM_DEFAULT));
     return 0;
 fail:

@@ -89,12 +89,8 @@ def check_bool(value: Any, func: str, param: str) -> bool:
 
 
 def copy_into(dst: _core.DeviceArray, src: _core.DeviceArray) -> None:
-    """``dst[...] = src`` with a cast to dst's dtype, on the current stream.
-
-    cudalab has no in-place copy op; multiplying by a weak 1 is exact in every
-    float dtype (NaN and -0.0 included) and casts on the way out.
-    """
-    _core.mul(src, 1, out=dst)
+    """``dst[...] = src`` with a cast to dst's dtype, on the current stream: one pass."""
+    _core.copyto(dst, src)
 
 
 def fill_zero(dst: _core.DeviceArray) -> None:

@@ -280,31 +280,23 @@ class Linear:
 
     def _weight_grads(self, grad: _core.DeviceArray, x: _core.DeviceArray, prec: Precision,
                       accumulate: bool) -> None:
-        """Weight and bias gradients from one GEMM into the float32 Parameter grads."""
+        """Weight and bias gradients from one GEMM into the float32 Parameter grads.
+
+        The GEMM writes float32 whatever the compute dtype (half operands,
+        float32 accumulator): no half copy to cast, accumulation in float32.
+        """
         w, b, mp = self.weight, self.bias, prec.matmul_precision
-        if not prec.is_half and not accumulate:  # straight into the float32 grads
+        if not accumulate:
             _core._nn_linear_backward_weight(grad, x, w.grad, None if b is None else b.grad,
                                              False, mp)
-        elif not prec.is_half:
-            # The GEMM adds into the weight grad; its bias-gradient epilogue cannot
-            # accumulate, so the bias gradient is summed and added separately.
-            _core._nn_linear_backward_weight(grad, x, w.grad, None, True, mp)
-            if b is not None:
-                db = self._buffers.get("bias_grad", b.shape, F32)
-                _core.sum(grad, axis=0, out=db)
-                _core.add(b.grad, db, out=b.grad)
-        else:  # half gradients from the GEMM, then cast (or added) into float32
-            dt = prec.compute_dtype
-            dw = self._buffers.get("weight_grad", w.shape, dt)
-            db = None if b is None else self._buffers.get("bias_grad", b.shape, dt)
-            _core._nn_linear_backward_weight(grad, x, dw, db, False, mp)
-            for p, g in ((w, dw), (b, db)):
-                if p is None:
-                    continue
-                if accumulate:
-                    _core.add(p.grad, g, out=p.grad)
-                else:
-                    copy_into(p.grad, g)
+            return
+        # The GEMM adds into the weight grad; its bias-gradient epilogue cannot
+        # accumulate, so the bias gradient is summed and added separately.
+        _core._nn_linear_backward_weight(grad, x, w.grad, None, True, mp)
+        if b is not None:
+            db = self._buffers.get("bias_grad", b.shape, grad.dtype)
+            _core.sum(grad, axis=0, out=db)
+            _core.add(b.grad, db, out=b.grad)
 
     def zero_grad(self) -> None:
         for p in self.parameters():
