@@ -83,7 +83,8 @@ class ArrayLoader:
     Attributes
     ----------
     epoch : int
-        Epochs started so far (the next iteration draws order ``epoch``).
+        Epochs started so far: the next iteration takes ``order(epoch)``
+        (set it to replay or resume a run's orders).
 
     Examples
     --------
