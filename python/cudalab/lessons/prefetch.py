@@ -8,7 +8,8 @@ pinned staging buffer and copies it on a side stream while the GPU works on
 batch i: an event orders the consumer's stream after the copy, the batch's
 memory is recorded on the consumer's stream so its free waits for the
 consumer, and a staging buffer is refilled only once the copy that read it
-is done.
+is done. That mechanism is cudalab.prefetch's (StagingRing, Prefetcher), the
+one nn.ArrayLoader trains from; here it is driven through cudalab and PyTorch.
 
 The tutorial's prefetcher calls ``next(iter(loader))`` for every batch: it
 restarts the loader each time (here: batch 0 again, prepared into the next
