@@ -421,6 +421,11 @@ def _fake_gpu(monkeypatch):
         pinned_empty=fake["pinned_empty"], full=fake["full"], asarray=fake["asarray"],
         current_device=lambda: 0))
     monkeypatch.setattr(cudalab._core, "current_device", lambda: 0)
+    from cudalab import prefetch as feeding  # the shared loader mechanism calls _core
+
+    monkeypatch.setattr(feeding, "_core", types.SimpleNamespace(
+        pinned_empty=fake["pinned_empty"], asarray=fake["asarray"], Stream=_Stream,
+        current_stream=_Stream, synchronize=fake["synchronize"]))
     monkeypatch.setattr(cudalab.devices, "get_device_properties", fake["get_device_properties"])
 
     def ceiling(name):

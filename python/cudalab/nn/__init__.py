@@ -10,8 +10,10 @@ PyTorch-like pieces without autograd: every backward is a call you make.
   gradient accumulation);
 * :class:`GradScaler` (dynamic loss scaling on the device), :class:`SGD` and
   :class:`AdamW` (fused multi-tensor steps that skip themselves on inf/NaN);
-* :class:`TeacherData` (learnable synthetic data), :func:`train_step` and
-  :class:`Trainer` (a step captured in a CUDA graph).
+* :class:`TeacherData` (learnable synthetic data), :class:`ArrayLoader`
+  (batches of host arrays, shuffled, staged in pinned memory and prefetched
+  on a side stream), :func:`train_step` and :class:`Trainer` (a step
+  captured in a CUDA graph).
 
 A step, with no host synchronization::
 
@@ -23,11 +25,19 @@ A step, with no host synchronization::
     scaler = nn.GradScaler()
     for x, labels in data:
         loss = nn.train_step(model, opt, x, labels, "fp16", scaler)
+
+The same data fed from the host, shuffled, each batch's copy overlapping the
+step before it::
+
+    loader = nn.ArrayLoader(*data.to_host(), batch_size=256, shuffle=True)
+    for x, labels in loader:
+        loss = nn.train_step(model, opt, x, labels, "fp16", scaler)
 """
 
 from . import functional
 from .data import TeacherData
 from .layers import MLP, Linear, Parameter
+from .loader import ArrayLoader
 from .optim import SGD, AdamW
 from .precision import PRECISIONS, Precision, get_precision
 from .scaler import GradScaler
@@ -38,6 +48,7 @@ __all__ = [
     "PRECISIONS",
     "SGD",
     "AdamW",
+    "ArrayLoader",
     "GradScaler",
     "Linear",
     "Parameter",

@@ -3,13 +3,15 @@
 The labels are a deterministic function of the inputs (the argmax of a
 teacher MLP's logits), so a student network can learn them and its loss must
 fall. Everything is generated on the device, and batch ``i`` is the same
-array on every call and every run with the same seed.
+array on every call and every run with the same seed; ``to_host()`` copies the
+batches to NumPy arrays, to feed a loop from the host (``ArrayLoader``).
 """
 
 from __future__ import annotations
 
 from typing import Iterator, Sequence
 
+import numpy as np
 
 from .. import _core
 from .. import random as _random
@@ -74,6 +76,27 @@ class TeacherData:
                            seed=derive_seed(self._input_key, i))
         logits = self.teacher.forward(x, "fp32")
         labels = _core.argmax(logits, axis=1)
+        return x, labels
+
+    def to_host(self) -> tuple[np.ndarray, np.ndarray]:
+        """to_host() -> (x, labels)
+
+        The data set's ``len(self)`` batches as host NumPy arrays, batch
+        after batch: x (batches * batch_size, in_features) float32 and labels
+        (batches * batch_size,) int64. ``ArrayLoader(x, labels, batch_size)``
+        yields the same batches as iterating over this object, from the host.
+
+        Returns
+        -------
+        x, labels : numpy.ndarray
+        """
+        n, bs = self.batches * self.batch_size, self.batch_size
+        x = np.empty((n, self.in_features), np.float32)
+        labels = np.empty(n, np.int64)
+        for i in range(self.batches):
+            xb, lb = self.batch(i)
+            x[i * bs:(i + 1) * bs] = xb.get()
+            labels[i * bs:(i + 1) * bs] = lb.get()
         return x, labels
 
     def __len__(self) -> int:
