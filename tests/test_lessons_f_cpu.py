@@ -180,7 +180,8 @@ def test_trade_text_follows_the_thresholds():
 
 
 def test_flops_of_a_step():
-    assert _training.step_flops((4, 8, 2), 10) == 3 * 2 * 10 * (4 * 8 + 8 * 2)
+    # forward and weight gradient of both layers, the input gradient of the second only
+    assert _training.step_flops((4, 8, 2), 10) == 2 * 10 * (3 * (4 * 8 + 8 * 2) - 4 * 8)
 
 
 # ---- the shared NumPy loss ----------------------------------------------------------------------
@@ -218,6 +219,7 @@ import types  # noqa: E402
 import cudalab  # noqa: E402
 import test_lessons_d_cpu as standin  # noqa: E402  (the NumPy stand-in for cudalab's ops)
 from cudalab import nn as real_nn  # noqa: E402
+from cudalab.nn import reference  # noqa: E402
 from cudalab.lessons import registry  # noqa: E402
 
 _Array, _values = standin._Array, standin._values
@@ -234,16 +236,6 @@ def _view(a):
     v = _Array.__new__(_Array)
     v.a = a  # a NumPy view: writes go through, as into a DeviceArray view
     return v
-
-
-def _gelu(z):
-    return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-
-
-def _dgelu(z):
-    k = math.sqrt(2 / math.pi)
-    t = np.tanh(k * (z + 0.044715 * z**3))
-    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * 0.044715 * z * z)
 
 
 class _Memory:
@@ -286,7 +278,7 @@ class _MLP:
         for layer in self.layers:
             z = h @ layer.weight.value.a.T + layer.bias.value.a
             self.saved.append((h, z))
-            h = _gelu(z) if layer.activation == "gelu" else z
+            h = reference.gelu_tanh(z) if layer.activation == "gelu" else z
         _Memory.peak = max(_Memory.peak, _Memory.live + 8 * h.shape[0] * sum(self.sizes))
         return _Array(h.astype(np.float32))
 
@@ -294,7 +286,7 @@ class _MLP:
         g = _values(grad).astype(np.float64)
         for layer, (h, z) in reversed(list(zip(self.layers, self.saved))):
             if layer.activation == "gelu":
-                g = g * _dgelu(z)
+                g = g * reference.gelu_tanh_grad(z)
             for p, v in ((layer.weight, g.T @ h), (layer.bias, g.sum(0))):
                 p.grad.a[...] = (p.grad.a if accumulate else 0) + v
             g = g @ layer.weight.value.a

@@ -8,13 +8,13 @@ batches (shared through DLPack) beside it.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 import cudalab
 from cudalab import nn
+from cudalab.nn import reference
 
 # The teacher network that labels the inputs: small, so labelling costs little.
 TEACHER_HIDDEN = (64,)
@@ -44,8 +44,10 @@ def check_positive(lesson: str, p: Mapping[str, Any], *names: str) -> None:
 
 
 def step_flops(sizes: Sequence[int], batch: int) -> float:
-    """The GEMM FLOPs of one step: forward, input- and weight-gradient GEMMs of every layer."""
-    return 3 * 2.0 * batch * sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+    """The GEMM FLOPs of one step: every layer's forward and weight-gradient GEMMs, and the
+    input-gradient GEMMs of every layer but the first (the data needs no gradient)."""
+    weights = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    return 2.0 * batch * (3 * sum(weights) - weights[0])
 
 
 def teacher_batches(sizes: Sequence[int], rows: int, count: int,
@@ -56,23 +58,12 @@ def teacher_batches(sizes: Sequence[int], rows: int, count: int,
     return list(data)
 
 
-def _gelu_tanh(z: np.ndarray) -> np.ndarray:
-    return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
-
-
 def numpy_loss(model: nn.MLP, x: np.ndarray, labels: np.ndarray) -> float:
     """The model's mean softmax cross-entropy on (x, labels) in float64 NumPy."""
-    h = x.astype(np.float64)
-    last = len(model.layers) - 1
-    for i, layer in enumerate(model.layers):
-        h = h @ layer.weight.value.get().astype(np.float64).T
-        if layer.bias is not None:
-            h = h + layer.bias.value.get().astype(np.float64)
-        if i < last:
-            h = _gelu_tanh(h) if layer.activation == "gelu" else np.maximum(h, 0.0)
-    h = h - h.max(axis=1, keepdims=True)
-    logp = h - np.log(np.exp(h).sum(axis=1, keepdims=True))
-    return float(-logp[np.arange(len(labels)), labels].mean())
+    hidden = model.layers[:-1]  # an MLP's activation follows every layer but the last
+    activation = hidden[0].activation if hidden else None
+    hs, _ = reference.forward(reference.mlp_params(model), x, activation)
+    return reference.cross_entropy(hs[-1], labels)[0]
 
 
 def torch_twin(torch: Any, model: nn.MLP) -> Any:

@@ -11,7 +11,8 @@ PyTorch-like pieces without autograd: every backward is a call you make.
 * :class:`GradScaler` (dynamic loss scaling on the device), :class:`SGD` and
   :class:`AdamW` (fused multi-tensor steps that skip themselves on inf/NaN);
 * :class:`TeacherData` (learnable synthetic data), :func:`train_step` and
-  :class:`Trainer` (a step captured in a CUDA graph).
+  :class:`Trainer` (a step captured in a CUDA graph);
+* :mod:`~cudalab.nn.reference`: the same step in float64 NumPy, to check against.
 
 A step, with no host synchronization::
 
@@ -25,7 +26,7 @@ A step, with no host synchronization::
         loss = nn.train_step(model, opt, x, labels, "fp16", scaler)
 """
 
-from . import functional
+from . import functional, reference
 from .data import TeacherData
 from .layers import MLP, Linear, Parameter
 from .optim import SGD, AdamW
@@ -45,6 +46,7 @@ __all__ = [
     "TeacherData",
     "Trainer",
     "functional",
+    "reference",
     "get_precision",
     "train_step",
 ]
