@@ -1,14 +1,15 @@
 """What the training lessons share: the MLP and its data, a NumPy loss, and PyTorch twins.
 
-The `amp` and `grad_accumulation` lessons train :mod:`cudalab.nn`'s MLP on
-:class:`cudalab.nn.TeacherData`; where PyTorch is installed they train the
-same network (the same initial weights, copied through DLPack) on the same
-batches (shared through DLPack) beside it.
+The `profiling`, `amp` and `grad_accumulation` lessons train
+:mod:`cudalab.nn`'s MLP on :class:`cudalab.nn.TeacherData`; where PyTorch is
+installed they train the same network (the same initial weights, copied
+through DLPack) on the same batches (shared through DLPack) beside it, with
+the same step (autocast, GradScaler) written once here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +19,11 @@ from cudalab.nn import reference
 
 # The teacher network that labels the inputs: small, so labelling costs little.
 TEACHER_HIDDEN = (64,)
+# The measured matmul peak each precision's GEMMs run against (lessons place their step's
+# GEMM rate against it in full mode only: quick sizes are launch-bound, and measuring a
+# peak costs more than a quick lesson).
+MATMUL_CEILINGS = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
+                   "bf16": "matmul_bfloat16"}
 
 
 def check_sizes(lesson: str, p: Mapping[str, Any]) -> tuple[int, ...]:
@@ -89,6 +95,53 @@ def torch_twin(torch: Any, model: nn.MLP) -> Any:
 def torch_batches(torch: Any, batches: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """The same device batches as torch tensors (shared memory, no copy)."""
     return [(torch.from_dlpack(x), torch.from_dlpack(labels)) for x, labels in batches]
+
+
+def torch_train_step(torch: Any, twin: Any, opt: Any, scaler: Any,
+                     precision: str) -> Callable[[Any, Any], Any]:
+    """``step(x, labels) -> loss``: PyTorch's training step of `twin` in `precision`.
+
+    autocast to float16 / bfloat16 for "fp16" / "bf16", the mean cross-entropy,
+    backward (through `scaler` when given: scale, step, update), the optimizer
+    step; returns the loss detached (on the device).
+    """
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    ce = torch.nn.functional.cross_entropy
+
+    def step(x: Any, labels: Any) -> Any:
+        opt.zero_grad(set_to_none=True)
+        if dtype is None:
+            loss = ce(twin(x), labels)
+        else:
+            with torch.autocast("cuda", dtype=dtype):
+                loss = ce(twin(x), labels)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss.detach()
+    return step
+
+
+def torch_grad_scaler(torch: Any, init_scale: float, growth_interval: int) -> Any:
+    """torch.amp.GradScaler, or torch.cuda.amp's in PyTorch versions before it moved."""
+    make = getattr(torch.amp, "GradScaler", None)
+    if make is None:
+        return torch.cuda.amp.GradScaler(init_scale=init_scale, growth_interval=growth_interval)
+    return make("cuda", init_scale=init_scale, growth_interval=growth_interval)
+
+
+def torch_adamw(torch: Any, params: Iterable[Any], lr: float) -> Any:
+    """torch.optim.AdamW with ``fused=True`` (one multi-tensor kernel, as cudalab's), or
+    the default implementation in PyTorch versions without a fused one."""
+    params = list(params)
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    except (TypeError, RuntimeError):  # no `fused` argument, or no fused kernel here
+        return torch.optim.AdamW(params, lr=lr)
 
 
 class Tf32:

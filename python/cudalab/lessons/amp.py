@@ -52,11 +52,6 @@ INIT_SCALE = 2.0**16
 LOOP_TIMER = "host clock around the loop of steps + synchronize, per step"
 SYNCED = "fp16, get_scale() every step"
 
-# The measured matmul peak each mode's GEMMs run against (full mode only: quick sizes are
-# launch-bound, and measuring four peaks would cost more than the lesson).
-CEILINGS = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
-            "bf16": "matmul_bfloat16"}
-
 ROW_KEYS = ("impl", "precision", "step_ms", "samples_per_s", "speedup", "tflops", "pct_peak",
             "loop_ms",
             "synced_loop_ms", "first_loss", "final_loss", "vs_fp32_pct", "skipped_steps",
@@ -180,7 +175,7 @@ def _loop(one: Callable[[], Any], n: int,
 def _measure_step(r: LessonRun, label: str, one: Callable[[], Any], sizes: tuple[int, ...],
                   name: str) -> Any:
     return r.measure(label, one, flops=T.step_flops(sizes, r.params["batch"]),
-                     ceiling=None if r.quick else CEILINGS[name],
+                     ceiling=None if r.quick else T.MATMUL_CEILINGS[name],
                      description="one training step (CUDA events)")
 
 
@@ -214,45 +209,15 @@ def _ours(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any
     return out
 
 
-def _torch_step(torch: Any, twin: Any, opt: Any, scaler: Any,
-                name: str) -> Callable[[Any, Any], Any]:
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(name)
-    ce = torch.nn.functional.cross_entropy
-
-    def step(x: Any, labels: Any) -> Any:
-        opt.zero_grad(set_to_none=True)
-        if dtype is None:
-            loss = ce(twin(x), labels)
-        else:
-            with torch.autocast("cuda", dtype=dtype):
-                loss = ce(twin(x), labels)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return loss.detach()
-    return step
-
-
-def _torch_scaler(torch: Any, growth_interval: int) -> Any:
-    """torch.amp.GradScaler, or torch.cuda.amp's in PyTorch versions before it moved."""
-    make = getattr(torch.amp, "GradScaler", None)
-    if make is None:
-        return torch.cuda.amp.GradScaler(init_scale=INIT_SCALE, growth_interval=growth_interval)
-    return make("cuda", init_scale=INIT_SCALE, growth_interval=growth_interval)
-
-
 def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tuple[Any, Any]],
                name: str) -> dict[str, Any]:
     """PyTorch trains the same MLP in precision `name`: losses, scale history, timings."""
     p = r.params
     twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
     opt = torch.optim.AdamW(twin.parameters(), lr=p["lr"])
-    scaler = _torch_scaler(torch, p["growth_interval"]) if name == "fp16" else None
-    step = _torch_step(torch, twin, opt, scaler, name)
+    scaler = (T.torch_grad_scaler(torch, INIT_SCALE, p["growth_interval"]) if name == "fp16"
+              else None)
+    step = T.torch_train_step(torch, twin, opt, scaler, name)
     losses, scales = [], []
     for i in range(p["steps"]):
         x, labels = tb[i % len(tb)]
