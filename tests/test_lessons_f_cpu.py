@@ -13,6 +13,7 @@ from cudalab import lessons
 from cudalab.lessons import _training
 from cudalab.lessons import amp
 from cudalab.lessons import grad_accumulation as ga
+from cudalab.lessons import profiling
 
 # ---- registration and parameters -------------------------------------------------------------
 
@@ -305,21 +306,22 @@ def _cross_entropy(logits, labels, *, grad=None, loss_scale=None):
 
 
 class _AdamW:
+    betas, eps, weight_decay = (0.9, 0.999), 1e-8, 0.01
+
     def __init__(self, params, lr=1e-3):
         self.params, self.lr, self.t = list(params), lr, 0
-        self.m = [np.zeros_like(p.value.a) for p in self.params]
-        self.v = [np.zeros_like(p.value.a) for p in self.params]
+        self.m = [np.zeros(p.value.a.shape) for p in self.params]
+        self.v = [np.zeros(p.value.a.shape) for p in self.params]
 
     def step(self, found_inf=None):
         if found_inf is not None and _values(found_inf)[0]:
             return
         self.t += 1
-        for p, m, v in zip(self.params, self.m, self.v):
-            g = p.grad.a
-            m[...] = 0.9 * m + 0.1 * g
-            v[...] = 0.999 * v + 0.001 * g * g
-            step = m / (1 - 0.9**self.t) / (np.sqrt(v / (1 - 0.999**self.t)) + 1e-8)
-            p.value.a -= self.lr * (step + 0.01 * p.value.a)
+        for i, p in enumerate(self.params):
+            w, self.m[i], self.v[i] = reference.adamw_step(
+                p.value.a, p.grad.a, self.m[i], self.v[i], self.t, self.lr, self.betas, self.eps,
+                self.weight_decay)
+            p.value.a[...] = w
 
 
 class _Scaler:
@@ -376,7 +378,7 @@ def _fake_nn(monkeypatch):
         MLP=_MLP, AdamW=_AdamW, GradScaler=_Scaler, TeacherData=_TeacherData,
         train_step=_train_step, PRECISIONS=real_nn.PRECISIONS,
         functional=types.SimpleNamespace(cross_entropy=_cross_entropy))
-    for module in (amp, ga, _training):
+    for module in (amp, ga, _training, profiling):
         monkeypatch.setattr(module, "nn", fake)
     monkeypatch.setattr(_Array, "__getitem__", lambda self, key: _view(self.a[key]),
                         raising=False)
