@@ -1,4 +1,5 @@
-"""Pure logic of lessons 8-10 and 15 (profiling, cpu_vs_gpu, memory, timing), without a GPU."""
+"""Lessons 8-10 and 15 (profiling, cpu_vs_gpu, memory, timing) without a GPU: their pure logic,
+and profiling end to end on a NumPy stand-in for the GPU, cudalab.nn and the profiler."""
 
 from __future__ import annotations
 
@@ -95,6 +96,14 @@ def test_optimizer_text_follows_the_threshold():
     assert "spread that pass" in notable
     small = profiling.optimizer_text(t - 0.001, 2908, 4096)
     assert "at 4096 rows per step the GEMMs' work outweighs one pass over the 2,908" in small
+
+
+def test_casts_text_names_the_casts_of_half_precisions_only():
+    for precision in ("bf16", "fp16"):
+        text = profiling.casts_text(0.081, precision)
+        assert "8.1%" in text and f"master weights into {precision}" in text
+    for precision in ("fp32", "tf32"):
+        assert "nothing is cast" in profiling.casts_text(0.0, precision)
 
 
 def test_launch_text_follows_the_threshold():

@@ -135,6 +135,18 @@ def optimizer_text(share: float, parameters: int, batch: int) -> str:
             f"{count_text(parameters)} parameters")
 
 
+def casts_text(share: float, precision: str) -> str:
+    """What the element-wise share is in a step of `precision` (cudalab.nn casts with mul)."""
+    if nn.PRECISIONS[precision].is_half:
+        return (f"element-wise ops take {share:.1%}: in {precision} they are the casts of the "
+                f"float32 master weights into {precision} before the forward pass and of the "
+                f"half gradients back into float32 after the backward (fp16 adds the scaler's "
+                f"two small ones); an optimizer that read the half gradients and wrote the half "
+                f"weight copies itself would save those passes")
+    return (f"element-wise ops take {share:.1%}: in {precision} the GEMMs read the float32 "
+            f"master weights and write the float32 gradients directly, so nothing is cast")
+
+
 def launch_text(host_s: float, gpu_s: float, ops: float) -> str:
     """Launch-bound or GPU-bound, from host and GPU time per step (threshold LAUNCH_BOUND_RATIO)."""
     head = (f"issuing one step ({ops:.0f} ops) takes {host_s * 1e3:.3f} ms on the host vs "
@@ -344,6 +356,8 @@ def _breakdown_findings(r: LessonRun, prof: Any, table: list, elementwise: froze
               labels=("profiled steps",))
     r.finding(optimizer_text(shares["optimizer"], training.parameters(), r.params["batch"]),
               value=100.0 * shares["optimizer"], unit="%", labels=("profiled steps",))
+    r.finding(casts_text(shares["element-wise"], training.precision),
+              value=100.0 * shares["element-wise"], unit="%", labels=("profiled steps",))
     ops = sum(k.calls for k in table) / steps
     ranges = [e for e in prof.events() if e.kind == "range"]
     profiled = sum(e.host_duration_ns for e in ranges) / max(len(ranges), 1) * 1e-9
