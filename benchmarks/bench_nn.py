@@ -79,8 +79,8 @@ def _theirs(torch: Any, nn: Any, sizes: tuple[int, ...], name: str) -> Callable[
 
     twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=SEED))
     opt = torch.optim.AdamW(twin.parameters(), lr=LR, fused=True)
-    scaler = T.torch_scaler(torch) if name == "fp16" else None
-    return T.torch_step(torch, twin, opt, scaler, name)
+    scaler = T.torch_grad_scaler(torch, 2.0**16, 2000) if name == "fp16" else None
+    return T.torch_train_step(torch, twin, opt, scaler, name)
 
 
 def _time(timer: Any, one: Callable[[], Any], flops: float, label: str, impl: str,

@@ -582,40 +582,48 @@ def pages() -> dict[str, Page]:
         ),
         "profiling": Page(
             intro="""
-                A two-layer MLP runs its forward pass and a hand-written backward pass with cudalab
-                ops under `cudalab.profiler.profile()`. The lesson shows the busiest ops, the share
-                of GPU time in GEMMs, element-wise ops and reductions, writes a Chrome trace, and
-                checks that the profiler's op times add up to the step timed as a whole with CUDA
-                events: a profile is only useful if it accounts for the time.
+                A real training step of `cudalab.nn` runs under `cudalab.profiler.profile()`: an
+                MLP's forward pass (cuBLASLt GEMMs with bias and GELU fused in), the fused softmax
+                cross-entropy and its gradient, the backward GEMMs and one fused AdamW step over
+                every parameter, in bfloat16 by default (the float32 master weights cast in, the
+                gradients cast back out). The lesson shows the busiest ops and the share of GPU
+                time per kind of op (GEMM, loss, optimizer, element-wise, reduction), whether the
+                host or the GPU sets the pace, and writes a Chrome trace. It checks that the
+                profiler's op times add up to the steps timed as a whole with CUDA events (a
+                profile is only useful if it accounts for the time), and that the step's loss,
+                gradients and AdamW update equal a float64 NumPy step's.
             """,
             claim="""
                 The profiler shows which ops take the time of a training step. (The tutorial's own
                 example crashes in its backward pass before it prints its table.)
             """,
             timed="""
-                The forward pass of the MLP under the profiler, and its table of ops.
+                Three training steps of the MLP under the profiler, after a warm-up step, and
+                their table of ops (the `_nn_*` names are cudalab.nn's GEMMs, loss and optimizer).
             """,
             cells=('''
-                batch, d_in, hidden, d_out = (2048, 512, 2048, 512) if QUICK else (4096, 1024, 4096, 1024)
-                x = cudalab.random.normal((batch, d_in), seed=1)
-                w1 = cudalab.random.normal((d_in, hidden), std=d_in ** -0.5, seed=2)
-                w2 = cudalab.random.normal((hidden, d_out), std=hidden ** -0.5, seed=3)
+                import cudalab.nn as nn
+
+                sizes = [1024, 2048, 2048, 1024] if QUICK else [1024, 4096, 4096, 1024]
+                x, labels = nn.TeacherData(sizes[0], sizes[-1], 4096).batch(0)
+                model = nn.MLP(sizes, seed=0)
+                opt = nn.AdamW(model.parameters(), lr=1e-4)
 
 
-                def forward():
-                    return cudalab.matmul(cudalab.relu(cudalab.matmul(x, w1)), w2)
+                def step():
+                    return nn.train_step(model, opt, x, labels, "bf16")
 
 
-                forward()  # warm up: cuBLAS's handle and the pool
+                step()  # warm up: the layers' buffers, cuBLASLt's plans and the pool
                 cudalab.synchronize()
                 with cudalab.profiler.profile() as prof:
                     for _ in range(3):
-                        with cudalab.profiler.record_function("forward"):
-                            forward()
+                        with cudalab.profiler.record_function("train step"):
+                            step()
                     cudalab.synchronize()
-                print(prof.key_averages().table(row_limit=6))
+                print(prof.key_averages().table(row_limit=8))
             ''',),
-            try_params={"batch": 512, "hidden": 8192, "steps": 5},
+            try_params={"precision": "fp32", "batch": 1024, "steps": 5},
             run_params={"trace_path": "profiling_trace.json"},
         ),
         "cpu_vs_gpu": Page(

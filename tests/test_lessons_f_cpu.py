@@ -13,6 +13,7 @@ from cudalab import lessons
 from cudalab.lessons import _training
 from cudalab.lessons import amp
 from cudalab.lessons import grad_accumulation as ga
+from cudalab.lessons import profiling
 
 # ---- registration and parameters -------------------------------------------------------------
 
@@ -180,7 +181,8 @@ def test_trade_text_follows_the_thresholds():
 
 
 def test_flops_of_a_step():
-    assert _training.step_flops((4, 8, 2), 10) == 3 * 2 * 10 * (4 * 8 + 8 * 2)
+    # forward and weight gradient of both layers, the input gradient of the second only
+    assert _training.step_flops((4, 8, 2), 10) == 2 * 10 * (3 * (4 * 8 + 8 * 2) - 4 * 8)
 
 
 # ---- the shared NumPy loss ----------------------------------------------------------------------
@@ -218,6 +220,7 @@ import types  # noqa: E402
 import cudalab  # noqa: E402
 import test_lessons_d_cpu as standin  # noqa: E402  (the NumPy stand-in for cudalab's ops)
 from cudalab import nn as real_nn  # noqa: E402
+from cudalab.nn import reference  # noqa: E402
 from cudalab.lessons import registry  # noqa: E402
 
 _Array, _values = standin._Array, standin._values
@@ -234,16 +237,6 @@ def _view(a):
     v = _Array.__new__(_Array)
     v.a = a  # a NumPy view: writes go through, as into a DeviceArray view
     return v
-
-
-def _gelu(z):
-    return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-
-
-def _dgelu(z):
-    k = math.sqrt(2 / math.pi)
-    t = np.tanh(k * (z + 0.044715 * z**3))
-    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * 0.044715 * z * z)
 
 
 class _Memory:
@@ -286,7 +279,7 @@ class _MLP:
         for layer in self.layers:
             z = h @ layer.weight.value.a.T + layer.bias.value.a
             self.saved.append((h, z))
-            h = _gelu(z) if layer.activation == "gelu" else z
+            h = reference.gelu_tanh(z) if layer.activation == "gelu" else z
         _Memory.peak = max(_Memory.peak, _Memory.live + 8 * h.shape[0] * sum(self.sizes))
         return _Array(h.astype(np.float32))
 
@@ -294,7 +287,7 @@ class _MLP:
         g = _values(grad).astype(np.float64)
         for layer, (h, z) in reversed(list(zip(self.layers, self.saved))):
             if layer.activation == "gelu":
-                g = g * _dgelu(z)
+                g = g * reference.gelu_tanh_grad(z)
             for p, v in ((layer.weight, g.T @ h), (layer.bias, g.sum(0))):
                 p.grad.a[...] = (p.grad.a if accumulate else 0) + v
             g = g @ layer.weight.value.a
@@ -313,21 +306,22 @@ def _cross_entropy(logits, labels, *, grad=None, loss_scale=None):
 
 
 class _AdamW:
+    betas, eps, weight_decay = (0.9, 0.999), 1e-8, 0.01
+
     def __init__(self, params, lr=1e-3):
         self.params, self.lr, self.t = list(params), lr, 0
-        self.m = [np.zeros_like(p.value.a) for p in self.params]
-        self.v = [np.zeros_like(p.value.a) for p in self.params]
+        self.m = [np.zeros(p.value.a.shape) for p in self.params]
+        self.v = [np.zeros(p.value.a.shape) for p in self.params]
 
     def step(self, found_inf=None):
         if found_inf is not None and _values(found_inf)[0]:
             return
         self.t += 1
-        for p, m, v in zip(self.params, self.m, self.v):
-            g = p.grad.a
-            m[...] = 0.9 * m + 0.1 * g
-            v[...] = 0.999 * v + 0.001 * g * g
-            step = m / (1 - 0.9**self.t) / (np.sqrt(v / (1 - 0.999**self.t)) + 1e-8)
-            p.value.a -= self.lr * (step + 0.01 * p.value.a)
+        for i, p in enumerate(self.params):
+            w, self.m[i], self.v[i] = reference.adamw_step(
+                p.value.a, p.grad.a, self.m[i], self.v[i], self.t, self.lr, self.betas, self.eps,
+                self.weight_decay)
+            p.value.a[...] = w
 
 
 class _Scaler:
@@ -384,7 +378,7 @@ def _fake_nn(monkeypatch):
         MLP=_MLP, AdamW=_AdamW, GradScaler=_Scaler, TeacherData=_TeacherData,
         train_step=_train_step, PRECISIONS=real_nn.PRECISIONS,
         functional=types.SimpleNamespace(cross_entropy=_cross_entropy))
-    for module in (amp, ga, _training):
+    for module in (amp, ga, _training, profiling):
         monkeypatch.setattr(module, "nn", fake)
     monkeypatch.setattr(_Array, "__getitem__", lambda self, key: _view(self.a[key]),
                         raising=False)
@@ -394,6 +388,7 @@ def _fake_nn(monkeypatch):
         _Memory.peak = _Memory.live
 
     for name, fn in {"mul": lambda a, b, out=None: standin._into(out, _values(a) * b),
+                     "copyto": lambda dst, src: standin._into(dst, _values(src)) and None,
                      "memory_allocated": lambda: _Memory.live,
                      "max_memory_allocated": lambda: _Memory.peak,
                      "reset_peak_memory_stats": reset}.items():

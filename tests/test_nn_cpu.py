@@ -4,7 +4,8 @@ Imports (cudalab.nn loads lazily), the Precision table, and every argument
 check that runs before the first device allocation: the functional wrappers
 (which report errors under their public names), Parameter, Linear, MLP,
 GradScaler, SGD and AdamW (torch.optim's wording), TeacherData, train_step and
-Trainer. The numerics are in tests/test_nn_gpu.py.
+Trainer; and the NumPy float64 reference (cudalab.nn.reference) against finite
+differences. The GPU's numerics are in tests/test_nn_gpu.py.
 """
 
 from __future__ import annotations
@@ -423,3 +424,95 @@ def test_trainer_graph_flag_and_step_checks():
     assert t.steps == 0 and t.loss is None and t.cuda_graph is None
     with assert_arg_error(TypeError, "step", "x", "DeviceArray"):
         t.step(HOST, HOST)
+
+
+# ---- the NumPy reference (cudalab.nn.reference) ----------------------------------------------
+
+from cudalab.nn import reference as ref  # noqa: E402
+
+
+def _ref_params(rng, sizes):
+    return [(rng.standard_normal((b, a)) / math.sqrt(a), 0.1 * rng.standard_normal(b))
+            for a, b in zip(sizes[:-1], sizes[1:])]
+
+
+def test_reference_gelu_is_torchs_tanh_form_and_its_derivative():
+    z = np.linspace(-4.0, 4.0, 41)
+    want = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    np.testing.assert_allclose(ref.gelu_tanh(z), want, rtol=1e-15)
+    h = 1e-6
+    fd = (ref.gelu_tanh(z + h) - ref.gelu_tanh(z - h)) / (2 * h)
+    np.testing.assert_allclose(ref.gelu_tanh_grad(z), fd, atol=1e-8)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu", None])
+def test_reference_gradients_match_finite_differences(activation):
+    rng = np.random.default_rng(3)
+    sizes = (5, 7, 6, 4)
+    params = _ref_params(rng, sizes)
+    x = rng.standard_normal((9, sizes[0]))
+    labels = rng.integers(0, sizes[-1], 9)
+    loss, grads = ref.loss_and_grads(params, x, labels, activation)
+    h = 1e-6
+    for i, (w, b) in enumerate(params):
+        for arr, got in ((w, grads[i][0]), (b, grads[i][1])):
+            assert got.shape == arr.shape
+            for idx in [(0,) * arr.ndim, tuple(s - 1 for s in arr.shape)]:
+                saved = arr[idx]
+                arr[idx] = saved + h
+                up = ref.loss_and_grads(params, x, labels, activation)[0]
+                arr[idx] = saved - h
+                down = ref.loss_and_grads(params, x, labels, activation)[0]
+                arr[idx] = saved
+                assert got[idx] == pytest.approx((up - down) / (2 * h), abs=1e-7), (i, idx)
+    assert loss == pytest.approx(ref.cross_entropy(ref.forward(params, x, activation)[0][-1],
+                                                   labels)[0])
+
+
+def test_reference_cross_entropy_of_equal_logits_is_log_classes():
+    loss, grad = ref.cross_entropy(np.zeros((3, 8)), np.array([0, 3, 7]))
+    assert loss == pytest.approx(math.log(8))
+    assert grad[0, 0] == pytest.approx((1 / 8 - 1) / 3) and grad[0, 1] == pytest.approx(1 / 24)
+    np.testing.assert_allclose(grad.sum(axis=1), 0.0, atol=1e-15)
+
+
+def test_reference_forward_rounds_stored_values_to_the_dtype():
+    rng = np.random.default_rng(4)
+    params = _ref_params(rng, (8, 16, 4))
+    x = rng.standard_normal((5, 8))
+    hs, zs = ref.forward(params, x, "gelu", ml_dtypes.bfloat16)
+    for a in hs + zs:
+        assert a.dtype == np.float64
+        np.testing.assert_array_equal(a, a.astype(ml_dtypes.bfloat16).astype(np.float64))
+    exact = ref.forward(params, x, "gelu")[0][-1]
+    assert 0 < np.max(np.abs(hs[-1] - exact)) < 0.05 * np.max(np.abs(exact))
+
+
+def test_reference_adamw_first_step_moves_by_lr_times_the_sign():
+    p, g = np.array([1.0, -2.0, 0.5]), np.array([0.3, -4.0, 1e-3])
+    new, m, v = ref.adamw_step(p, g, np.zeros(3), np.zeros(3), 1, 0.01, (0.9, 0.999), 1e-12, 0.1)
+    np.testing.assert_allclose(m, 0.1 * g)
+    np.testing.assert_allclose(v, 0.001 * g * g)
+    np.testing.assert_allclose(new, p * (1 - 0.001) - 0.01 * np.sign(g), rtol=1e-9)
+    # The second step's bias corrections: t = 2.
+    new2, _, _ = ref.adamw_step(new, g, m, v, 2, 0.01, (0.9, 0.999), 0.0, 0.0)
+    np.testing.assert_allclose(new2, new - 0.01 * np.sign(g), rtol=1e-9)
+
+
+def test_reference_mlp_params_reads_every_layer_as_float64():
+    class _V:
+        def __init__(self, a):
+            self.a = a
+
+        def get(self):
+            return self.a
+
+    def layer(w, b):
+        return type("L", (), {"weight": type("P", (), {"value": _V(w)})(),
+                              "bias": None if b is None else type("P", (), {"value": _V(b)})()})
+
+    w = np.ones((2, 3), np.float32)
+    model = type("M", (), {"layers": [layer(w, np.ones(2, np.float32)), layer(w.T, None)]})
+    (w0, b0), (w1, b1) = ref.mlp_params(model)
+    assert w0.dtype == b0.dtype == np.float64 and w1.shape == (3, 2)
+    np.testing.assert_array_equal(b1, np.zeros(3))

@@ -26,6 +26,7 @@ from _support import F32, random_array, rel_err, torch_cuda, widen
 
 import cudalab
 import cudalab.nn as nn
+from cudalab.nn import reference as ref
 from cudalab.lessons._training import torch_twin  # the same MLP in torch.nn
 
 pytestmark = pytest.mark.gpu
@@ -41,43 +42,7 @@ IN, CLASSES, BATCH, HIDDEN = 32, 16, 256, [128, 128]
 STEPS = 200
 
 
-# ---- a NumPy float64 MLP --------------------------------------------------------------
-
-
-def _gelu(z):
-    return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
-
-
-def _dgelu(z):
-    k = math.sqrt(2.0 / math.pi)
-    t = np.tanh(k * (z + 0.044715 * z**3))
-    return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * z * z)
-
-
-ACT = {"gelu": (_gelu, _dgelu), "relu": (lambda z: np.maximum(z, 0.0), lambda z: (z > 0) * 1.0)}
-
-
-def ref_forward(params, x, activation, dtype):
-    """Logits, layer inputs and pre-activations; every stored value rounded to `dtype`."""
-    rnd = (lambda a: a.astype(dtype).astype(np.float64))
-    hs, zs = [rnd(x)], []
-    n = len(params)
-    for i, (w, b) in enumerate(params):
-        z = hs[-1] @ rnd(w).T + rnd(b)
-        zs.append(rnd(z))
-        hs.append(rnd(ACT[activation][0](z)) if i < n - 1 else rnd(z))
-    return hs, zs
-
-
-def ref_backward(params, hs, zs, g, activation, dtype):
-    """[(dW, db)] of every layer from the logits' gradient `g`."""
-    rnd = (lambda a: a.astype(dtype).astype(np.float64))
-    grads = [None] * len(params)
-    for i in range(len(params) - 1, -1, -1):
-        grads[i] = (g.T @ hs[i], g.sum(axis=0))
-        if i > 0:
-            g = rnd((g @ rnd(params[i][0])) * ACT[activation][1](zs[i - 1]))
-    return grads
+# ---- the NumPy float64 MLP: cudalab.nn.reference ---------------------------------------
 
 
 def host_params(model):
@@ -125,10 +90,10 @@ def test_mlp_forward_backward_against_numpy(rng, name, sizes, activation):
 
     got_logits = _run_or_skip(run)
     params = host_params(model)
-    hs, zs = ref_forward(params, x_h, activation, dt)
+    hs, zs = ref.forward(params, x_h, activation, dt)
     assert got_logits.shape == (N, sizes[-1])
     assert rel_err(got_logits, hs[-1]) < TOL[name], name
-    want = ref_backward(params, hs, zs, widen(g_h), activation, dt)
+    want = ref.backward(params, hs, zs, widen(g_h), activation, dt)
     for i, layer in enumerate(model.layers):
         assert layer.weight.grad.dtype == F32 and layer.bias.grad.dtype == F32
         assert rel_err(layer.weight.grad, want[i][0]) < TOL[name], (name, i, "weight")
@@ -159,7 +124,7 @@ def test_linear_standalone_gelu_aux_and_backward(rng):
     y = layer.forward(x, "fp32")
     w, b = widen(layer.weight.value), widen(layer.bias.value)
     z = x_h @ w.T + b
-    assert rel_err(y, _gelu(z)) < 1e-5
+    assert rel_err(y, ref.gelu_tanh(z)) < 1e-5
     assert layer.aux.shape == (N, 20) and layer.aux.strides[0] == 24 * 4  # padded to 8
     assert rel_err(layer.aux, z) < 1e-5
     g_h = random_array(rng, (N, 20), F32)
@@ -394,11 +359,7 @@ def test_adamw_two_steps_against_numpy(rng):
             _set_grad(p, g)
         opt.step()
         for i, g in enumerate(gs):
-            g = g.astype(np.float64)
-            w[i] = w[i] * (1 - 1e-2 * 0.1)
-            m[i] = 0.8 * m[i] + 0.2 * g
-            v[i] = 0.99 * v[i] + 0.01 * g * g
-            w[i] = w[i] - 1e-2 / (1 - 0.8**t) * m[i] / (np.sqrt(v[i] / (1 - 0.99**t)) + 1e-6)
+            w[i], m[i], v[i] = ref.adamw_step(w[i], g, m[i], v[i], t, 1e-2, (0.8, 0.99), 1e-6, 0.1)
     assert opt.step_count.get()[0] == 2.0
     for p, want in zip(ps, w):
         assert rel_err(p.value, want) < 1e-5

@@ -1,23 +1,29 @@
 """What the training lessons share: the MLP and its data, a NumPy loss, and PyTorch twins.
 
-The `amp` and `grad_accumulation` lessons train :mod:`cudalab.nn`'s MLP on
-:class:`cudalab.nn.TeacherData`; where PyTorch is installed they train the
-same network (the same initial weights, copied through DLPack) on the same
-batches (shared through DLPack) beside it.
+The `profiling`, `amp` and `grad_accumulation` lessons train
+:mod:`cudalab.nn`'s MLP on :class:`cudalab.nn.TeacherData`; where PyTorch is
+installed they train the same network (the same initial weights, copied
+through DLPack) on the same batches (shared through DLPack) beside it, with
+the same step (autocast, GradScaler) written once here.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 import cudalab
 from cudalab import nn
+from cudalab.nn import reference
 
 # The teacher network that labels the inputs: small, so labelling costs little.
 TEACHER_HIDDEN = (64,)
+# The measured matmul peak each precision's GEMMs run against (lessons place their step's
+# GEMM rate against it in full mode only: quick sizes are launch-bound, and measuring a
+# peak costs more than a quick lesson).
+MATMUL_CEILINGS = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
+                   "bf16": "matmul_bfloat16"}
 
 
 def check_sizes(lesson: str, p: Mapping[str, Any]) -> tuple[int, ...]:
@@ -44,8 +50,10 @@ def check_positive(lesson: str, p: Mapping[str, Any], *names: str) -> None:
 
 
 def step_flops(sizes: Sequence[int], batch: int) -> float:
-    """The GEMM FLOPs of one step: forward, input- and weight-gradient GEMMs of every layer."""
-    return 3 * 2.0 * batch * sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+    """The GEMM FLOPs of one step: every layer's forward and weight-gradient GEMMs, and the
+    input-gradient GEMMs of every layer but the first (the data needs no gradient)."""
+    weights = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    return 2.0 * batch * (3 * sum(weights) - weights[0])
 
 
 def teacher_batches(sizes: Sequence[int], rows: int, count: int,
@@ -56,23 +64,12 @@ def teacher_batches(sizes: Sequence[int], rows: int, count: int,
     return list(data)
 
 
-def _gelu_tanh(z: np.ndarray) -> np.ndarray:
-    return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
-
-
 def numpy_loss(model: nn.MLP, x: np.ndarray, labels: np.ndarray) -> float:
     """The model's mean softmax cross-entropy on (x, labels) in float64 NumPy."""
-    h = x.astype(np.float64)
-    last = len(model.layers) - 1
-    for i, layer in enumerate(model.layers):
-        h = h @ layer.weight.value.get().astype(np.float64).T
-        if layer.bias is not None:
-            h = h + layer.bias.value.get().astype(np.float64)
-        if i < last:
-            h = _gelu_tanh(h) if layer.activation == "gelu" else np.maximum(h, 0.0)
-    h = h - h.max(axis=1, keepdims=True)
-    logp = h - np.log(np.exp(h).sum(axis=1, keepdims=True))
-    return float(-logp[np.arange(len(labels)), labels].mean())
+    hidden = model.layers[:-1]  # an MLP's activation follows every layer but the last
+    activation = hidden[0].activation if hidden else None
+    hs, _ = reference.forward(reference.mlp_params(model), x, activation)
+    return reference.cross_entropy(hs[-1], labels)[0]
 
 
 def torch_twin(torch: Any, model: nn.MLP) -> Any:
@@ -100,27 +97,15 @@ def torch_batches(torch: Any, batches: Sequence[tuple[Any, Any]]) -> list[tuple[
     return [(torch.from_dlpack(x), torch.from_dlpack(labels)) for x, labels in batches]
 
 
-class Tf32:
-    """``with Tf32(torch, on):`` torch's float32 matmuls in TF32 or not, restored after."""
+def torch_train_step(torch: Any, twin: Any, opt: Any, scaler: Any,
+                     precision: str) -> Callable[[Any, Any], Any]:
+    """``step(x, labels) -> loss``: PyTorch's training step of `twin` in `precision`.
 
-    def __init__(self, torch: Any, on: bool) -> None:
-        self.matmul = torch.backends.cuda.matmul
-        self.on = on
-
-    def __enter__(self) -> None:
-        self.saved = self.matmul.allow_tf32
-        self.matmul.allow_tf32 = self.on
-
-    def __exit__(self, *exc: Any) -> None:
-        self.matmul.allow_tf32 = self.saved
-
-
-def torch_step(torch: Any, twin: Any, opt: Any, scaler: Any,
-               name: str) -> Callable[[Any, Any], Any]:
-    """One PyTorch training step in precision `name` as a function of (x, labels):
-    autocast for fp16/bf16, the loss scaled by `scaler` when given, the loss
-    returned detached."""
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(name)
+    autocast to float16 / bfloat16 for "fp16" / "bf16", the mean cross-entropy,
+    backward (through `scaler` when given: scale, step, update), the optimizer
+    step; returns the loss detached (on the device).
+    """
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     ce = torch.nn.functional.cross_entropy
 
     def step(x: Any, labels: Any) -> Any:
@@ -141,9 +126,34 @@ def torch_step(torch: Any, twin: Any, opt: Any, scaler: Any,
     return step
 
 
-def torch_scaler(torch: Any, init_scale: float = 2.0**16, growth_interval: int = 2000) -> Any:
+def torch_grad_scaler(torch: Any, init_scale: float, growth_interval: int) -> Any:
     """torch.amp.GradScaler, or torch.cuda.amp's in PyTorch versions before it moved."""
     make = getattr(torch.amp, "GradScaler", None)
     if make is None:
         return torch.cuda.amp.GradScaler(init_scale=init_scale, growth_interval=growth_interval)
     return make("cuda", init_scale=init_scale, growth_interval=growth_interval)
+
+
+def torch_adamw(torch: Any, params: Iterable[Any], lr: float) -> Any:
+    """torch.optim.AdamW with ``fused=True`` (one multi-tensor kernel, as cudalab's), or
+    the default implementation in PyTorch versions without a fused one."""
+    params = list(params)
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    except (TypeError, RuntimeError):  # no `fused` argument, or no fused kernel here
+        return torch.optim.AdamW(params, lr=lr)
+
+
+class Tf32:
+    """``with Tf32(torch, on):`` torch's float32 matmuls in TF32 or not, restored after."""
+
+    def __init__(self, torch: Any, on: bool) -> None:
+        self.matmul = torch.backends.cuda.matmul
+        self.on = on
+
+    def __enter__(self) -> None:
+        self.saved = self.matmul.allow_tf32
+        self.matmul.allow_tf32 = self.on
+
+    def __exit__(self, *exc: Any) -> None:
+        self.matmul.allow_tf32 = self.saved

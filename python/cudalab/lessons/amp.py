@@ -52,11 +52,6 @@ INIT_SCALE = 2.0**16
 LOOP_TIMER = "host clock around the loop of steps + synchronize, per step"
 SYNCED = "fp16, get_scale() every step"
 
-# The measured matmul peak each mode's GEMMs run against (full mode only: quick sizes are
-# launch-bound, and measuring four peaks would cost more than the lesson).
-CEILINGS = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
-            "bf16": "matmul_bfloat16"}
-
 ROW_KEYS = ("impl", "precision", "step_ms", "samples_per_s", "speedup", "tflops", "pct_peak",
             "loop_ms",
             "synced_loop_ms", "first_loss", "final_loss", "vs_fp32_pct", "skipped_steps",
@@ -146,10 +141,10 @@ def _train(run: Run, batches: Sequence[tuple[Any, Any]], steps: int) -> dict[str
         found = cudalab.empty((steps,), dtype=np.float32)
     for i in range(steps):
         x, labels = batches[i % len(batches)]
-        cudalab.mul(run.step(x, labels).reshape(1), 1, out=losses[i:i + 1])
+        cudalab.copyto(losses[i:i + 1], run.step(x, labels).reshape(1))
         if s is not None:
-            cudalab.mul(s.scale.reshape(1), 1, out=scales[i:i + 1])
-            cudalab.mul(s.found_inf.reshape(1), 1, out=found[i:i + 1])
+            cudalab.copyto(scales[i:i + 1], s.scale.reshape(1))
+            cudalab.copyto(found[i:i + 1], s.found_inf.reshape(1))
     out = {"losses": losses.get()}
     if s is not None:
         out["scaler"] = scale_story(scales.get(), found.get(), s.init_scale)
@@ -180,7 +175,7 @@ def _loop(one: Callable[[], Any], n: int,
 def _measure_step(r: LessonRun, label: str, one: Callable[[], Any], sizes: tuple[int, ...],
                   name: str) -> Any:
     return r.measure(label, one, flops=T.step_flops(sizes, r.params["batch"]),
-                     ceiling=None if r.quick else CEILINGS[name],
+                     ceiling=None if r.quick else T.MATMUL_CEILINGS[name],
                      description="one training step (CUDA events)")
 
 
@@ -219,9 +214,10 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tu
     """PyTorch trains the same MLP in precision `name`: losses, scale history, timings."""
     p = r.params
     twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = torch.optim.AdamW(twin.parameters(), lr=p["lr"])
-    scaler = T.torch_scaler(torch, INIT_SCALE, p["growth_interval"]) if name == "fp16" else None
-    step = T.torch_step(torch, twin, opt, scaler, name)
+    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
+    scaler = (T.torch_grad_scaler(torch, INIT_SCALE, p["growth_interval"]) if name == "fp16"
+              else None)
+    step = T.torch_train_step(torch, twin, opt, scaler, name)
     losses, scales = [], []
     for i in range(p["steps"]):
         x, labels = tb[i % len(tb)]

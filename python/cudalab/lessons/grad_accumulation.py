@@ -129,7 +129,7 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tx: Any, tl: An
     before = c.memory_allocated()
     c.reset_peak_memory_stats()
     twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = torch.optim.AdamW(twin.parameters(), lr=p["lr"])
+    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
     micro = [(tx[s], tl[s]) for s in micro_slices(tx.shape[0], k)]
 
     def step() -> None:

@@ -13,7 +13,8 @@ PyTorch-like pieces without autograd: every backward is a call you make.
 * :class:`TeacherData` (learnable synthetic data), :class:`ArrayLoader`
   (batches of host arrays, shuffled, staged in pinned memory and prefetched
   on a side stream), :func:`train_step` and :class:`Trainer` (a step
-  captured in a CUDA graph).
+  captured in a CUDA graph);
+* :mod:`~cudalab.nn.reference`: the same step in float64 NumPy, to check against.
 
 A step, with no host synchronization::
 
@@ -34,7 +35,7 @@ step before it::
         loss = nn.train_step(model, opt, x, labels, "fp16", scaler)
 """
 
-from . import functional
+from . import functional, reference
 from .data import TeacherData
 from .layers import MLP, Linear, Parameter
 from .loader import ArrayLoader
@@ -56,6 +57,7 @@ __all__ = [
     "TeacherData",
     "Trainer",
     "functional",
+    "reference",
     "get_precision",
     "train_step",
 ]
