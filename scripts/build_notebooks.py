@@ -586,9 +586,9 @@ def pages() -> dict[str, Page]:
                 MLP's forward pass (cuBLASLt GEMMs with bias and GELU fused in), the fused softmax
                 cross-entropy and its gradient, the backward GEMMs and one fused AdamW step over
                 every parameter, in bfloat16 by default (the float32 master weights cast in, the
-                gradients cast back out). The lesson shows the busiest ops and the share of GPU
-                time per kind of op (GEMM, loss, optimizer, element-wise, reduction), whether the
-                host or the GPU sets the pace, and writes a Chrome trace. It checks that the
+                weight gradients written in float32 by the GEMMs). The lesson shows the busiest ops
+                and the share of GPU time per kind of op (GEMM, loss, optimizer, cast, element-wise,
+                reduction), whether the host or the GPU sets the pace, and writes a Chrome trace. It checks that the
                 profiler's op times add up to the steps timed as a whole with CUDA events (a
                 profile is only useful if it accounts for the time), and that the step's loss,
                 gradients and AdamW update equal a float64 NumPy step's.

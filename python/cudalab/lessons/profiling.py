@@ -5,10 +5,10 @@ an MLP's forward pass (cuBLASLt GEMMs with the bias and GELU fused in), the
 fused softmax cross-entropy and its gradient, the backward GEMMs (the GELU
 derivative and the bias gradients fused in), and one fused multi-tensor AdamW
 step over every parameter, in the precision asked for (bf16 by default: the
-float32 master weights are cast in and the half gradients cast back out; fp16
-adds a loss scaler's unscale and update). The lesson shows the busiest ops and
-the share of GPU time per kind of op (GEMM, loss, optimizer, element-wise,
-reduction), says whether the GEMMs dominate, what the optimizer costs and
+float32 master weights are cast in, and the weight gradients leave the GEMMs
+in float32; fp16 adds a loss scaler's unscale and update). The lesson shows the
+busiest ops and the share of GPU time per kind of op (GEMM, loss, optimizer,
+cast, element-wise, reduction), says whether the GEMMs dominate, what the optimizer costs and
 whether the host or the GPU sets the pace, writes a Chrome trace, and checks
 that the profiler's op total matches the same steps timed whole with CUDA
 events (a profile is only useful if it accounts for the time), and that the
@@ -42,7 +42,9 @@ GEMM_OPS = frozenset({"_nn_linear", "_nn_linear_backward_input", "_nn_linear_bac
 LOSS_OPS = frozenset({"_nn_cross_entropy"})
 OPTIMIZER_OPS = frozenset({"_nn_adamw_", "_nn_sgd_", "_nn_unscale_", "_nn_update_scale_"})
 REDUCTION_OPS = frozenset({"sum", "mean", "max", "min", "argmax", "softmax", "log_softmax"})
-CATEGORIES = ("gemm", "loss", "optimizer", "element-wise", "reduction", "other")
+# Copies, with or without a change of dtype (cudalab.nn casts through copyto).
+CAST_OPS = frozenset({"copyto", "astype", "copy", "ascontiguousarray"})
+CATEGORIES = ("gemm", "loss", "optimizer", "cast", "element-wise", "reduction", "other")
 # The hold's spin kernel: the profiler records it like any op, but it is not part of the step.
 HOLD_OP = "_spin"
 
@@ -89,7 +91,8 @@ ROW_KEYS = ("kind", "impl", "op", "category", "calls_per_step", "gpu_ms_per_step
 def op_category(name: str, elementwise: frozenset[str]) -> str:
     """One of `CATEGORIES` for an op name."""
     for category, names in (("gemm", GEMM_OPS), ("loss", LOSS_OPS),
-                            ("optimizer", OPTIMIZER_OPS), ("element-wise", elementwise),
+                            ("optimizer", OPTIMIZER_OPS), ("cast", CAST_OPS),
+                            ("element-wise", elementwise),
                             ("reduction", REDUCTION_OPS)):
         if name in names:
             return category
@@ -136,15 +139,14 @@ def optimizer_text(share: float, parameters: int, batch: int) -> str:
 
 
 def casts_text(share: float, precision: str) -> str:
-    """What the element-wise share is in a step of `precision` (cudalab.nn casts with mul)."""
+    """What the casts' share is in a step of `precision` (cudalab.nn casts with copyto)."""
     if nn.PRECISIONS[precision].is_half:
-        return (f"element-wise ops take {share:.1%}: in {precision} they are the casts of the "
-                f"float32 master weights into {precision} before the forward pass and of the "
-                f"half gradients back into float32 after the backward (fp16 adds the scaler's "
-                f"two small ones); an optimizer that read the half gradients and wrote the half "
-                f"weight copies itself would save those passes")
-    return (f"element-wise ops take {share:.1%}: in {precision} the GEMMs read the float32 "
-            f"master weights and write the float32 gradients directly, so nothing is cast")
+        return (f"casts take {share:.1%}: in {precision} they copy the float32 master weights "
+                f"(and the float32 input batch) into {precision} before the forward pass; the "
+                f"weight gradients leave the GEMMs in float32, so nothing is cast back, and an "
+                f"optimizer that also wrote the {precision} weight copies would save this pass")
+    return (f"casts take {share:.1%}: in {precision} the GEMMs read the float32 master weights "
+            f"and write the float32 gradients directly, so nothing is cast")
 
 
 def launch_text(host_s: float, gpu_s: float, ops: float) -> str:
@@ -356,8 +358,8 @@ def _breakdown_findings(r: LessonRun, prof: Any, table: list, elementwise: froze
               labels=("profiled steps",))
     r.finding(optimizer_text(shares["optimizer"], training.parameters(), r.params["batch"]),
               value=100.0 * shares["optimizer"], unit="%", labels=("profiled steps",))
-    r.finding(casts_text(shares["element-wise"], training.precision),
-              value=100.0 * shares["element-wise"], unit="%", labels=("profiled steps",))
+    r.finding(casts_text(shares["cast"], training.precision),
+              value=100.0 * shares["cast"], unit="%", labels=("profiled steps",))
     ops = sum(k.calls for k in table) / steps
     ranges = [e for e in prof.events() if e.kind == "range"]
     profiled = sum(e.host_duration_ns for e in ranges) / max(len(ranges), 1) * 1e-9
@@ -464,7 +466,8 @@ def _torch_step(r: LessonRun, torch: Any, sizes: tuple[int, ...], batch: tuple[A
 @run.plot
 def plot(result: Any, ax: Any) -> None:
     colors = {"gemm": "tab:blue", "loss": "tab:purple", "optimizer": "tab:red",
-              "element-wise": "tab:orange", "reduction": "tab:green", "other": "tab:gray"}
+              "cast": "tab:orange", "element-wise": "tab:olive", "reduction": "tab:green",
+              "other": "tab:gray"}
     rows = [x for x in result.rows if x["kind"] == "op"]
     share = {x["category"]: x["gpu_pct"] for x in result.rows if x["kind"] == "category"}
     for category, color in colors.items():  # one bar series per kind of op, for the legend
