@@ -27,7 +27,8 @@ def test_every_dtype_pair(rng, src_dtype, dst_dtype):
     dst = cudalab.full(SHAPE, 7, dtype=dst_dtype)
     try:
         expect = np.empty(SHAPE, dst_dtype)
-        np.copyto(expect, h, casting="same_kind")
+        with np.errstate(over="ignore"):  # large ints to float16 give inf, as on the GPU
+            np.copyto(expect, h, casting="same_kind")
     except TypeError:
         with assert_arg_error(TypeError, "copyto", "src", "same_kind"):
             cudalab.copyto(dst, cudalab.asarray(h))

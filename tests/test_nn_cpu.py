@@ -14,11 +14,12 @@ import inspect
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import REPO_ROOT, assert_arg_error, no_gpu_only
+from _support import assert_arg_error, no_gpu_only
 
 import cudalab
 import cudalab.nn as nn
@@ -34,7 +35,9 @@ HOST = np.ones((4, 8), dtype=np.float32)
 def test_nn_loads_lazily():
     code = ("import sys, cudalab; assert 'cudalab.nn' not in sys.modules; "
             "m = cudalab.nn; assert 'cudalab.nn' in sys.modules; print(m.__name__)")
-    env_path = str(REPO_ROOT / "python")
+    # The cudalab this test imported (the source tree with its built module, or
+    # an installed copy), not always the source tree: it has no _core once installed.
+    env_path = str(Path(cudalab.__file__).resolve().parent.parent)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": env_path, "PATH": ""}, timeout=120)
     assert out.returncode == 0, out.stderr
