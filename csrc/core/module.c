@@ -80,6 +80,7 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_loss_methods) < 0 ||
         PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
         PyModule_AddFunctions(module, cl_timing_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_graph_methods) < 0 ||
         cl_profiler_init(module, st) < 0) {
         return -1;
     }

@@ -86,7 +86,8 @@ from .devices import (
 from .memory import memory_summary
 from . import random
 # Streams, events, CUDA graphs.
-from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
+from ._core import (CUDAGraph, Event, Stream, current_stream, default_stream,
+                    is_current_stream_capturing)
 from .streams import graph, stream
 # Measurement (issue 5): the timing harness and measured ceilings.
 from . import bench
@@ -165,6 +166,7 @@ __all__ += [  # streams, events, CUDA graphs
     "current_stream",
     "default_stream",
     "graph",
+    "is_current_stream_capturing",
     "stream",
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop

@@ -14,7 +14,9 @@ PyTorch-like pieces without autograd: every backward is a call you make.
   (batches of host arrays, shuffled, staged in pinned memory and prefetched
   on a side stream), :func:`train_step` and :class:`Trainer` (a step
   captured in a CUDA graph);
-* :mod:`~cudalab.nn.reference`: the same step in float64 NumPy, to check against.
+* :mod:`~cudalab.nn.reference`: the same step in float64 NumPy, to check against;
+* :mod:`~cudalab.nn.fusion`: whether GELU runs in the GEMM's epilogue or as its
+  own kernel, measured once per problem size.
 
 A step, with no host synchronization::
 
@@ -35,7 +37,7 @@ step before it::
         loss = nn.train_step(model, opt, x, labels, "fp16", scaler)
 """
 
-from . import functional, reference
+from . import functional, fusion, reference
 from .data import TeacherData
 from .layers import MLP, Linear, Parameter
 from .loader import ArrayLoader
@@ -57,6 +59,7 @@ __all__ = [
     "TeacherData",
     "Trainer",
     "functional",
+    "fusion",
     "reference",
     "get_precision",
     "train_step",

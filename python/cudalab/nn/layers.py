@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _core
 from .. import random as _random
+from . import fusion
 from ._util import (
     F32,
     Buffers,
@@ -216,9 +217,27 @@ class Linear:
             aux = aux[:, : self.out_features]
         elif self.activation == "relu":
             aux = self._buffers.get("aux", (rows, _mask_bytes(self.out_features)), U8)
-        _core._nn_linear(x, self._w, self._b, self.activation, y, aux, prec.matmul_precision)
+        mp = prec.matmul_precision
+        if self.activation == "gelu":
+            self._gelu_forward(x, y, aux, mp)
+        else:
+            _core._nn_linear(x, self._w, self._b, self.activation, y, aux, mp)
         self.input, self.aux = x, aux
         return y
+
+    def _gelu_forward(self, x: _core.DeviceArray, y: _core.DeviceArray,
+                      aux: _core.DeviceArray, mp: Optional[str]) -> None:
+        """y = gelu(z), aux = z = x @ W.T + b: in the GEMM's epilogue, or as a GEMM
+        writing z and a GELU kernel, whichever nn.fusion measured faster."""
+        def fused() -> None:
+            _core._nn_linear(x, self._w, self._b, "gelu", y, aux, mp)
+
+        def split() -> None:
+            _core._nn_linear(x, self._w, self._b, None, aux, None, mp)
+            _core.gelu(aux, approximate="tanh", out=y)
+
+        key = ("gelu forward", x.shape[0], self.in_features, self.out_features, x.dtype.name, mp)
+        (fused if fusion.use_fused(key, fused, split) else split)()
 
     def _check_input(self, x: Any) -> _core.DeviceArray:
         check_array(x, "forward", "x")
@@ -274,8 +293,21 @@ class Linear:
         if not input_grad:
             return None
         gx = self._buffers.get("grad_input", x.shape, prec.compute_dtype)
-        _core._nn_linear_backward_input(grad, self._w, gx, aux, activation, None,
-                                        prec.matmul_precision)
+        mp = prec.matmul_precision
+        if activation != "gelu":
+            _core._nn_linear_backward_input(grad, self._w, gx, aux, activation, None, mp)
+            return gx
+
+        def fused() -> None:
+            _core._nn_linear_backward_input(grad, self._w, gx, aux, "gelu", None, mp)
+
+        def split() -> None:
+            _core._nn_linear_backward_input(grad, self._w, gx, None, None, None, mp)
+            _core.gelu_grad(gx, aux, approximate="tanh", out=gx)
+
+        key = ("gelu backward", x.shape[0], self.in_features, self.out_features, x.dtype.name,
+               mp)
+        (fused if fusion.use_fused(key, fused, split) else split)()
         return gx
 
     def _weight_grads(self, grad: _core.DeviceArray, x: _core.DeviceArray, prec: Precision,
