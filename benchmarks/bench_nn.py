@@ -15,6 +15,10 @@ scaler) and bf16, float32 master weights throughout. Implementations:
   ``zero_grad(set_to_none=True)``; TF32 through
   ``torch.backends.cuda.matmul.allow_tf32``.
 
+GELU layers run with GELU in the GEMM's epilogue or as a separate kernel,
+as ``nn.fusion`` measured faster for each problem; cudalab rows list which
+(``gelu_fused``, ``gelu_split``).
+
 Step time is what a training loop sees: CUDA events around back-to-back steps
 with no spin-kernel hold (`Timer(..., hold=False)`), so a step that Python
 issues slower than the GPU runs it is timed at the host's pace. The GPU-only
@@ -83,6 +87,17 @@ def _theirs(torch: Any, nn: Any, sizes: tuple[int, ...], name: str) -> Callable[
     return T.torch_train_step(torch, twin, opt, scaler, name)
 
 
+def _gelu_forms(nn: Any, batch: int, name: str) -> tuple[list[str], list[str]]:
+    """The GELU layers nn.fusion measured for this batch and precision: fused, split."""
+    prec = nn.PRECISIONS[name]
+    fused, split = [], []
+    for key, d in nn.fusion.decisions().items():
+        direction, rows, n_in, n_out, dtype, mp = key
+        if rows == batch and dtype == prec.compute_dtype.name and mp == prec.matmul_precision:
+            (fused if d["fused"] else split).append(f"{direction} {n_in}->{n_out}")
+    return fused, split
+
+
 def _time(timer: Any, one: Callable[[], Any], flops: float, label: str, impl: str,
           name: str) -> tuple[Any, Any]:
     """(loop-paced measurement, GPU-only measurement) of one step."""
@@ -118,6 +133,9 @@ def mlp_rows(cudalab: Any, torch: Any, timer: Any, batch: int) -> list[dict]:
                 loop, gpu = _time(timer, _cycle(step, data), flops, label, impl, name)
             got[impl] = row(loop, (batch, *sizes), name, precision=name, batch=batch,
                             gpu_ms=gpu.median * 1e3, gpu_iqr_ms=gpu.iqr * 1e3)
+        fused, split = _gelu_forms(nn, batch, name)
+        for impl in ("cudalab", "cudalab graph"):
+            got[impl].update(gelu_fused=fused, gelu_split=split)
         if "torch" in got:
             for impl, r in got.items():
                 if impl != "torch":

@@ -314,7 +314,9 @@ def test_scale_sequence_equals_torch_grad_scaler(rng):
         scaler.step(opt)
         scaler.update()
         want.append(float(scaler.get_scale()))
-    assert _cudalab_scales(rng, PATTERN, **kwargs) == want
+    got = _cudalab_scales(rng, PATTERN, **kwargs)
+    print(f"\nscale sequence, inf pattern {PATTERN}:\n  cudalab {got}\n  torch   {want}")
+    assert got == want
 
 
 def test_disabled_scaler_in_a_step_changes_nothing(rng):
@@ -435,6 +437,10 @@ def test_fp32_training_matches_torch_step_by_step(opt_name):
             loss.backward()
             topt.step()
             theirs.append(loss.item())
+        worst = np.max(np.abs(np.array(ours) - theirs) / np.abs(theirs))
+        print(f"\n{opt_name}: {STEPS} fp32 steps, loss {ours[0]:.6f} -> {ours[-1]:.6f} "
+              f"(torch {theirs[0]:.6f} -> {theirs[-1]:.6f}), largest per-step relative "
+              f"difference {worst:.2e}")
         np.testing.assert_allclose(ours, theirs, rtol=1e-4)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
@@ -447,6 +453,8 @@ def test_mixed_precision_ends_near_fp32(name):
     got = _train(name, "sgd", scaler=scaler)
     assert np.all(np.isfinite(got))
     final_ref, final = ref[-20:].mean(), got[-20:].mean()
+    print(f"\n{name}: final loss {final:.5f} vs fp32 {final_ref:.5f} "
+          f"({(final - final_ref) / final_ref:+.3%})")
     assert abs(final - final_ref) <= 0.02 * final_ref, (name, final, final_ref)
 
 
