@@ -194,6 +194,52 @@ typedef struct cl_softmax_desc {
 
 cudaError_t cl_softmax(const cl_softmax_desc *desc, cudaStream_t stream);
 
+/* ---- cross_entropy.cu ----------------------------------------------------- */
+
+/* Fused softmax cross-entropy over the rows of an N x C matrix of logits
+ * (float16, bfloat16 or float32; row r at logits + r * logits_ld elements,
+ * unit column stride), with class indices `labels` (int32 or int64, row r at
+ * labels + r * labels_stride). Per row, in float32 with the row maximum
+ * subtracted: loss = log(sum(exp(x))) - x[label]. A label equal to
+ * ignore_index (when has_ignore) gives loss 0 and a zero gradient row and is
+ * left out of the mean; any other label outside [0, C) gives NaN for the
+ * row's loss and gradient (nothing out of bounds is read).
+ *
+ * The per-row losses go to `losses` (rows float32, losses_stride elements
+ * apart). MEAN and SUM
+ * also write their deterministic single-block reduction to *total (MEAN
+ * divides by the rows not ignored: 0 of them gives NaN). With `grad` (rows x
+ * C of dtype, row r at grad + r * grad_ld; may be exactly `logits`),
+ * grad = (softmax(x) - onehot(label)) * g * (*loss_scale when not NULL), g
+ * being 1 / (rows not ignored) for MEAN and 1 otherwise. `count` is 1 float32
+ * of scratch, used for MEAN with grad and has_ignore. One read of each row
+ * for the loss and the gradient (a warp per row up to 1024 classes, else a
+ * block per row). No atomics: results are bit-identical run to run. */
+typedef enum cl_loss_reduction {
+    CL_LOSS_NONE = 0,
+    CL_LOSS_MEAN,
+    CL_LOSS_SUM,
+} cl_loss_reduction;
+
+typedef struct cl_cross_entropy_desc {
+    cl_dtype dtype;       /* logits and grad */
+    cl_dtype label_dtype; /* CL_INT32 or CL_INT64 */
+    cl_loss_reduction reduction;
+    const void *logits;
+    const void *labels;
+    void *grad;              /* NULL: the loss only */
+    float *losses;           /* rows, losses_stride elements apart */
+    float *total;            /* MEAN, SUM: 1 element; NULL for NONE */
+    float *count;            /* scratch: 1 element */
+    const float *loss_scale; /* NULL or 1 element */
+    int64_t rows, cols;
+    int64_t logits_ld, grad_ld, labels_stride, losses_stride; /* elements */
+    int64_t ignore_index;
+    int has_ignore;
+} cl_cross_entropy_desc;
+
+cudaError_t cl_cross_entropy(const cl_cross_entropy_desc *desc, cudaStream_t stream);
+
 /* ---- random.cu ----------------------------------------------------------- */
 
 /* Counter-based Philox4x32-10 streams (described in random.cu). Element
@@ -218,6 +264,60 @@ cudaError_t cl_random_integers(void *out, cl_dtype dtype, int64_t n, int64_t low
  * out (device, 4 words) = philox(counter, key). */
 cudaError_t cl_philox4x32_10(uint32_t *out, const uint32_t counter[4], const uint32_t key[2],
                              cudaStream_t stream);
+
+/* ---- multi_tensor.cu: fused kernels for mixed-precision training ---------- */
+
+/* One tensor of a multi-tensor call: a contiguous array of `numel` elements
+ * per role (each launcher lists its roles; unused roles may be NULL). Any
+ * number of tensors goes into one or a few launches; tensors with numel 0
+ * are skipped. Arrays of one tensor must not overlap each other. */
+#define CL_MT_ROLES 4
+typedef struct cl_mt_tensor {
+    void *data[CL_MT_ROLES];
+    int64_t numel;
+} cl_mt_tensor;
+
+/* Role 0: a grad of `dtype` (float16, bfloat16, float32). Every element g
+ * becomes g * *inv_scale (float32 arithmetic); *found_inf is set to 1.0 when
+ * any element was inf or NaN before scaling, and is never cleared here. */
+cudaError_t cl_mt_unscale(const cl_mt_tensor *tensors, int n, cl_dtype dtype,
+                          const float *inv_scale, float *found_inf, cudaStream_t stream);
+
+/* One thread, PyTorch's dynamic loss-scale rule: if *found_inf != 0, scale
+ * *= backoff_factor and tracker = 0; else tracker + 1 reaching growth_interval
+ * multiplies scale by growth_factor (unless that overflows float32) and
+ * resets tracker to 0, otherwise tracker is incremented. */
+cudaError_t cl_amp_update_scale(float *scale, int32_t *growth_tracker, const float *found_inf,
+                                double growth_factor, double backoff_factor,
+                                int32_t growth_interval, cudaStream_t stream);
+
+/* Device scalars shared by the optimizers (NULL: absent): found_inf
+ * (nonzero: the launch changes nothing), grad_scale (grads are divided by
+ * it) and lr_device (the learning rate, read on the device instead of lr). */
+typedef struct cl_sgd_args {
+    double lr, momentum, dampening, weight_decay;
+    int nesterov, first_step;
+    const float *found_inf, *grad_scale, *lr_device;
+} cl_sgd_args;
+
+/* Roles: 0 param (float32), 1 grad (grad_dtype: float16, bfloat16, float32),
+ * 2 momentum buffer (float32; unused when momentum == 0; written, not read,
+ * on the first step). torch.optim.SGD's rule in float32. */
+cudaError_t cl_mt_sgd(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype,
+                      const cl_sgd_args *args, cudaStream_t stream);
+
+typedef struct cl_adamw_args {
+    double lr, beta1, beta2, eps, weight_decay;
+    const float *found_inf, *grad_scale, *lr_device;
+    void *step;         /* one element, float32 or int32: incremented unless skipped */
+    cl_dtype step_dtype;
+} cl_adamw_args;
+
+/* Roles: 0 param, 1 grad (grad_dtype), 2 exp_avg, 3 exp_avg_sq (float32).
+ * A one-thread kernel first adds 1 to *step (unless *found_inf != 0), then
+ * torch.optim.AdamW's rule runs with the new step for bias corrections. */
+cudaError_t cl_mt_adamw(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype,
+                        const cl_adamw_args *args, cudaStream_t stream);
 
 /* ---- timing.cu ------------------------------------------------------------ */
 /* One thread spins `cycles` SM clock cycles (clock64); cycles >= 0. */

@@ -582,40 +582,48 @@ def pages() -> dict[str, Page]:
         ),
         "profiling": Page(
             intro="""
-                A two-layer MLP runs its forward pass and a hand-written backward pass with cudalab
-                ops under `cudalab.profiler.profile()`. The lesson shows the busiest ops, the share
-                of GPU time in GEMMs, element-wise ops and reductions, writes a Chrome trace, and
-                checks that the profiler's op times add up to the step timed as a whole with CUDA
-                events: a profile is only useful if it accounts for the time.
+                A real training step of `cudalab.nn` runs under `cudalab.profiler.profile()`: an
+                MLP's forward pass (cuBLASLt GEMMs with bias and GELU fused in), the fused softmax
+                cross-entropy and its gradient, the backward GEMMs and one fused AdamW step over
+                every parameter, in bfloat16 by default (the float32 master weights cast in, the
+                weight gradients written in float32 by the GEMMs). The lesson shows the busiest ops
+                and the share of GPU time per kind of op (GEMM, loss, optimizer, cast, element-wise,
+                reduction), whether the host or the GPU sets the pace, and writes a Chrome trace. It checks that the
+                profiler's op times add up to the steps timed as a whole with CUDA events (a
+                profile is only useful if it accounts for the time), and that the step's loss,
+                gradients and AdamW update equal a float64 NumPy step's.
             """,
             claim="""
                 The profiler shows which ops take the time of a training step. (The tutorial's own
                 example crashes in its backward pass before it prints its table.)
             """,
             timed="""
-                The forward pass of the MLP under the profiler, and its table of ops.
+                Three training steps of the MLP under the profiler, after a warm-up step, and
+                their table of ops (the `_nn_*` names are cudalab.nn's GEMMs, loss and optimizer).
             """,
             cells=('''
-                batch, d_in, hidden, d_out = (2048, 512, 2048, 512) if QUICK else (4096, 1024, 4096, 1024)
-                x = cudalab.random.normal((batch, d_in), seed=1)
-                w1 = cudalab.random.normal((d_in, hidden), std=d_in ** -0.5, seed=2)
-                w2 = cudalab.random.normal((hidden, d_out), std=hidden ** -0.5, seed=3)
+                import cudalab.nn as nn
+
+                sizes = [1024, 2048, 2048, 1024] if QUICK else [1024, 4096, 4096, 1024]
+                x, labels = nn.TeacherData(sizes[0], sizes[-1], 4096).batch(0)
+                model = nn.MLP(sizes, seed=0)
+                opt = nn.AdamW(model.parameters(), lr=1e-4)
 
 
-                def forward():
-                    return cudalab.matmul(cudalab.relu(cudalab.matmul(x, w1)), w2)
+                def step():
+                    return nn.train_step(model, opt, x, labels, "bf16")
 
 
-                forward()  # warm up: cuBLAS's handle and the pool
+                step()  # warm up: the layers' buffers, cuBLASLt's plans and the pool
                 cudalab.synchronize()
                 with cudalab.profiler.profile() as prof:
                     for _ in range(3):
-                        with cudalab.profiler.record_function("forward"):
-                            forward()
+                        with cudalab.profiler.record_function("train step"):
+                            step()
                     cudalab.synchronize()
-                print(prof.key_averages().table(row_limit=6))
+                print(prof.key_averages().table(row_limit=8))
             ''',),
-            try_params={"batch": 512, "hidden": 8192, "steps": 5},
+            try_params={"precision": "fp32", "batch": 1024, "steps": 5},
             run_params={"trace_path": "profiling_trace.json"},
         ),
         "cpu_vs_gpu": Page(
@@ -1015,6 +1023,128 @@ def pages() -> dict[str, Page]:
                           f"{k.gbps:7.0f} GB/s  {k.percent_of_ceiling:3.0f}% of {k.ceiling_name}")
             ''',),
             try_params={"dtypes": ("float64", "bfloat16"), "small_n": 128, "large_n": 2048},
+        ),
+        "amp": Page(
+            intro="""
+                Mixed-precision training keeps float32 master weights, gradients and optimizer
+                state, and runs the GEMMs and activations in a narrower type: TF32 (float32 storage,
+                tensor-core math), float16 or bfloat16. float16's small range makes small gradients
+                underflow, so its loss gradient is multiplied by a scale that a GradScaler lowers
+                when a step overflows (the step is then skipped) and raises after a run of clean
+                steps. cudalab's scaler keeps found_inf and the scale on the GPU and the optimizer
+                skips on the GPU, so a step never waits for the host; the lesson also measures what
+                waiting would cost. The same MLP trains in each mode from the same weights.
+            """,
+            claim="""
+                Mixed precision (autocast with a GradScaler) makes training faster and lighter
+                without hurting it. The guides give no figure for training; the Colab notebook's
+                lesson 2 measured a lone float16 GEMM at 4x float32's speed on a T4.
+            """,
+            timed="""
+                One training step per precision mode (forward, loss, backward, unscale, AdamW,
+                scale update) timed with CUDA events, then the float16 loop with and without a
+                host read of the scale after every step, timed with the host clock.
+            """,
+            cells=('''
+                import itertools
+
+                import cudalab.nn as nn
+
+                sizes = [64, 256, 256, 16] if QUICK else [512, 4096, 4096, 4096, 4096, 16]
+                batch = 256 if QUICK else 1024
+                batches = list(nn.TeacherData(sizes[0], sizes[-1], batch, batches=8))
+
+
+                def trainer(precision):
+                    model = nn.MLP(sizes, seed=0)
+                    opt = nn.AdamW(model.parameters(), lr=1e-3)
+                    scaler = nn.GradScaler() if precision == "fp16" else None
+                    data = itertools.cycle(batches)
+
+                    def step():
+                        x, labels = next(data)
+                        return nn.train_step(model, opt, x, labels, precision, scaler)
+                    return step, scaler
+
+
+                steps = {p: trainer(p)[0] for p in ("fp32", "fp16", "bf16")}
+                times = {p: timer.measure(step, label=f"step {p}") for p, step in steps.items()}
+                for p, m in times.items():
+                    print(f"{p}: {m.median * 1e3:7.3f} ms per step, {times['fp32'].median / m.median:5.2f}x fp32")
+            ''', '''
+                step, scaler = trainer("fp16")
+
+
+                def loop(read_scale, n=20):
+                    for _ in range(n):
+                        step()
+                        if read_scale:
+                            scaler.get_scale()  # a host read: the host waits for the GPU
+                    cudalab.synchronize()
+
+
+                t = cudalab.bench.host_clock({"sync-free": lambda: loop(False),
+                                              "get_scale() every step": lambda: loop(True)},
+                                             repeats=5, warmup=0.1)
+                for label, s in t.items():
+                    print(f"{label:24s} {np.median(s) / 20 * 1e3:7.3f} ms per step")
+            '''),
+            try_params={"precisions": ("fp32", "bf16"), "batch": 4096, "steps": 100},
+        ),
+        "grad_accumulation": Page(
+            intro="""
+                An optimizer step over a batch can be taken in k smaller passes: each micro-batch's
+                forward and backward adds its gradients into the same buffers (its loss gradient
+                scaled by 1/k, so the sum is the big batch's), and the optimizer steps once. Only
+                one micro-batch's activations are alive at a time, so a step needs less memory,
+                while the GEMMs get thinner and the launches more numerous. The lesson measures the
+                memory pool's peak and the time per optimizer step for k = 1, 2, 4, 8 and shows the
+                accumulated gradients equal the big batch's.
+            """,
+            claim="""
+                When a batch does not fit, accumulate gradients over micro-batches (divide each
+                loss by the number of steps, call backward on each, step once): it simulates the
+                larger batch in less memory, at some cost in time.
+            """,
+            timed="""
+                One optimizer step over the whole batch and over four micro-batches: the pool's
+                peak during the first step, then the step's GPU time.
+            """,
+            cells=('''
+                import cudalab.nn as nn
+
+                sizes = [64, 256, 256, 16] if QUICK else [1024, 4096, 4096, 4096, 16]
+                batch = 1024 if QUICK else 8192
+                x, labels = nn.TeacherData(sizes[0], sizes[-1], batch).batch(0)
+
+
+                def accumulated_step(model, opt, k):
+                    inv_k = cudalab.full((1,), 1.0 / k, dtype="float32")  # scales each loss gradient
+                    n = batch // k
+
+                    def step():
+                        for j in range(k):
+                            rows = slice(j * n, (j + 1) * n)
+                            logits = model.forward(x[rows])
+                            nn.functional.cross_entropy(logits, labels[rows], grad=logits, loss_scale=inv_k)
+                            model.backward(logits, accumulate=j > 0)  # add into the grads after the first
+                        opt.step()
+                    return step
+
+
+                for k in (1, 4):
+                    model = nn.MLP(sizes, seed=0)
+                    step = accumulated_step(model, nn.AdamW(model.parameters(), lr=1e-4), k)
+                    cudalab.synchronize()
+                    base = cudalab.memory_allocated()
+                    cudalab.reset_peak_memory_stats()
+                    step()
+                    cudalab.synchronize()
+                    peak = cudalab.max_memory_allocated() - base
+                    m = timer.measure(step, label=f"k={k}")
+                    print(f"k={k}: {peak / 2**20:8.1f} MiB above the model, {m.median * 1e3:7.2f} ms per step")
+            ''',),
+            try_params={"ks": (2, 16), "precision": "bf16", "batch": 4096},
         ),
     }
 

@@ -199,6 +199,7 @@ def test_python_int_out_of_range():
 
 ALL_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
 ALL_UNARY = ["neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu"]
+ALL_GRAD = ["relu_grad", "gelu_grad"]  # (grad, x, ...): activation backward
 
 
 @pytest.mark.parametrize("func", ALL_BINARY)
@@ -293,6 +294,59 @@ def test_gelu_approximate():
             cudalab.gelu(1.0, approximate=approximate)
 
 
+@pytest.mark.parametrize("x", DTYPES, ids=IDS)
+@pytest.mark.parametrize("grad", DTYPES, ids=IDS)
+def test_activation_grad_result_dtype(grad, x):
+    """relu_grad: NumPy's promotion, bool refused; gelu_grad: the float rule of gelu."""
+    promoted = numpy_result_type(grad, x)
+    if promoted is None or np.dtype(promoted) not in SUPPORTED:
+        return  # int16 and bfloat16 pairs: covered by the promotion tests
+    promoted = np.dtype(promoted)
+    if promoted == np.bool_:
+        with pytest.raises(TypeError, match=arg_error("relu_grad", "grad") + ".*bool"):
+            result_type("relu_grad", grad, x)
+    else:
+        assert result_type("relu_grad", grad, x) == promoted
+    expected = {np.dtype(t): np.dtype(np.float16) for t in (np.bool_, np.int8, np.uint8)}
+    expected.update({np.dtype(t): np.dtype(np.float64) for t in (np.int32, np.int64)})
+    assert result_type("gelu_grad", grad, x) == expected.get(promoted, promoted)
+
+
+@pytest.mark.parametrize("func", ALL_GRAD)
+def test_activation_grad_arguments(func):
+    f = getattr(cudalab, func)
+    with pytest.raises(TypeError, match=arg_error(func, "grad") + ".*DeviceArray or a real scalar"):
+        f("g", 1.0)
+    with pytest.raises(TypeError, match=arg_error(func, "x") + ".*host arrays.*asarray"):
+        f(np.float32(1), np.ones(3, np.float32))
+    with pytest.raises(TypeError, match=arg_error(func, "grad") + ".*at least one operand"):
+        f(1.0, 2.0)
+    with pytest.raises(TypeError, match=arg_error(func, "out")):
+        f(np.float32(1), np.float32(2), out=np.zeros(2))
+    with pytest.raises(TypeError, match="missing required argument 'x'"):
+        f(1.0)
+    with pytest.raises(TypeError, match="multiple values for argument 'grad'"):
+        f(1.0, grad=2.0)
+    assert result_type(func, np.dtype(np.float32), 2.0) == np.float32
+
+
+def test_gelu_grad_approximate():
+    with pytest.raises(ValueError,
+                       match=arg_error("gelu_grad", "approximate") + ".*'none' or 'tanh'"):
+        cudalab.gelu_grad(1.0, 1.0, approximate="fast")
+    with pytest.raises(TypeError, match=arg_error("gelu_grad", "approximate")):
+        cudalab.gelu_grad(1.0, 1.0, approximate=None)
+    with pytest.raises(TypeError, match=arg_error("gelu_grad", "approximate")):
+        cudalab.gelu_grad(1.0, 1.0, 3)  # third positional is approximate
+    with pytest.raises(TypeError, match="at most 4 positional"):
+        cudalab.gelu_grad(1.0, 1.0, "tanh", None, None)
+    for approximate in ("none", "tanh"):
+        with pytest.raises(TypeError, match=arg_error("gelu_grad", "grad") + ".*at least one"):
+            cudalab.gelu_grad(1.0, 1.0, approximate=approximate)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'approximate'"):
+        cudalab.relu_grad(1.0, 1.0, approximate="tanh")
+
+
 def test_axpy_arguments():
     with pytest.raises(TypeError, match=arg_error("axpy", "alpha") + ".*real scalar"):
         cudalab.axpy("2", np.float32(1), np.float32(1))
@@ -336,7 +390,12 @@ def test_signatures_and_docstrings():
     assert cudalab.axpy.__text_signature__ == "(alpha, x, y, out=None)"
     assert cudalab.clamp.__text_signature__ == "(a, lo=None, hi=None, out=None)"
     assert cudalab.where.__text_signature__ == "(cond, a, b, out=None)"
-    for name in ALL_BINARY + ALL_UNARY + ["axpy", "clamp", "where"]:
+    assert cudalab.relu_grad.__text_signature__ == "(grad, x, out=None)"
+    assert cudalab.gelu_grad.__text_signature__ == "(grad, x, approximate='none', out=None)"
+    for name in ALL_GRAD:
+        doc = getattr(cudalab, name).__doc__
+        assert "Parameters" in doc and "Returns" in doc and "torch" in doc
+    for name in ALL_BINARY + ALL_UNARY + ALL_GRAD + ["axpy", "clamp", "where"]:
         assert name in cudalab.__all__
         assert getattr(cudalab, name) is getattr(core, name)
 
@@ -555,7 +614,7 @@ def test_elementwise_functions_are_reexported_and_stubbed():
     """Every function of the C op table is cudalab.<name>, in __all__ and in _core.pyi."""
     names = core._elementwise_functions()
     assert len(names) == len(set(names))
-    assert set(ALL_BINARY + ALL_UNARY + ["axpy", "clamp", "where"]) == set(names)
+    assert set(ALL_BINARY + ALL_UNARY + ALL_GRAD + ["axpy", "clamp", "where"]) == set(names)
     stub = Path(cudalab.__file__).parent / "_core.pyi"
     if not stub.exists():
         pytest.skip("_core.pyi is not installed next to the package")

@@ -1,75 +1,125 @@
-"""Pure logic of lessons 8-10 and 15 (profiling, cpu_vs_gpu, memory, timing), without a GPU."""
+"""Lessons 8-10 and 15 (profiling, cpu_vs_gpu, memory, timing) without a GPU: their pure logic,
+and profiling end to end on a NumPy stand-in for the GPU, cudalab.nn and the profiler."""
 
 from __future__ import annotations
 
-import numpy as np
+import re
+
 import pytest
+from _support import REPO_ROOT
 
-from cudalab.lessons import profiling
+import cudalab
+from cudalab import lessons
+from cudalab.lessons import _training, profiling
 
-ELEMENTWISE = frozenset({"add", "sub", "mul", "relu", "where"})
-
-
-# ---- profiling ----------------------------------------------------------------------
-
-
-def _loss(ops, args):
-    return float(profiling.mlp_step(ops, *args)[0])
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "relu", "where"})
 
 
-def test_mlp_step_gradients_match_finite_differences():
-    rng = np.random.default_rng(1)
-    args = [a.astype(np.float64) for a in profiling.mlp_inputs(rng, 7, 5, 9, 3)]
-    ops = profiling.numpy_ops()
-    _, grads, _ = profiling.mlp_step(ops, *args)
-    eps = 1e-6
-    for index, grad in zip((2, 3, 4, 5), grads):  # w1, b1, w2, b2
-        param = args[index]
-        assert grad.shape == param.shape
-        for flat in rng.choice(param.size, size=min(6, param.size), replace=False):
-            pos = np.unravel_index(flat, param.shape)
-            saved = param[pos]
-            param[pos] = saved + eps
-            up = _loss(ops, args)
-            param[pos] = saved - eps
-            down = _loss(ops, args)
-            param[pos] = saved
-            assert grad[pos] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
+# ---- profiling: registration, parameters, the categories and the findings' wording ----------
 
 
-def test_mlp_step_relu_mask_blocks_gradient():
-    rng = np.random.default_rng(2)
-    args = [a.astype(np.float64) for a in profiling.mlp_inputs(rng, 4, 3, 6, 2)]
-    args[3][:] = -100.0  # every hidden unit off: no gradient reaches layer 1
-    _, (dw1, db1, dw2, _), h = profiling.mlp_step(profiling.numpy_ops(), *args)
-    assert not h.any() and not dw1.any() and not db1.any() and not dw2.any()
+def test_profiling_registered_with_plot_and_small_quick_params():
+    x = lessons.get("profiling")
+    assert x.number == 8 and x.plot is not None
+    assert set(x.quick_params) <= set(x.params) and x.quick_params
+    full, quick = x.defaults(False), x.defaults(True)
+    assert profiling.check_params(full) == ((1024, 4096, 4096, 1024), "bf16")
+    assert profiling.check_params(quick)[0] == (1024, 2048, 2048, 1024)
+    # The quick step does under a third of the full step's GEMM work.
+    flops = [_training.step_flops(profiling.check_params(p)[0], p["batch"]) for p in (full, quick)]
+    assert flops[1] < flops[0] / 3
 
 
-def test_step_flops_counts_five_matmuls():
-    b, i, h, o = 3, 5, 7, 11
-    assert profiling.step_flops(b, i, h, o) == 2 * (b * i * h + b * h * o + h * b * o
-                                                    + b * o * h + i * b * h)
+def _params(**over):
+    return {**lessons.get("profiling").defaults(True), **over}
 
 
-def test_op_category():
-    assert profiling.op_category("matmul", ELEMENTWISE) == "gemm"
-    assert profiling.op_category("relu", ELEMENTWISE) == "element-wise"
-    assert profiling.op_category("sum", ELEMENTWISE) == "reduction"
-    assert profiling.op_category("copy", ELEMENTWISE) == "other"
+@pytest.mark.parametrize("over,match", [
+    ({"precision": "fp8"}, "precision must be one of fp32, tf32, fp16, bf16"),
+    ({"lr": 0}, r"lr must be a number in \(0, 1\)"),
+    ({"steps": 0}, "steps must be an int >= 1"),
+    ({"warmup_steps": 1.5}, "warmup_steps must be an int >= 1"),
+    ({"top_ops": True}, "top_ops must be an int >= 1"),
+    ({"hidden": ()}, "hidden must be a non-empty sequence"),
+    ({"classes": 1}, "classes must be >= 2"),
+])
+def test_profiling_rejects_bad_params(over, match):
+    with pytest.raises(ValueError, match=r"^lesson 'profiling': " + match):
+        profiling.check_params(_params(**over))
+
+
+def test_profiling_categories_name_ops_the_c_core_records():
+    """Every nn op name a category lists is the name an op frame records in csrc/."""
+    source = "".join(f.read_text() for f in (REPO_ROOT / "csrc" / "ops").glob("*.c"))
+    recorded = set(re.findall(r'"(_nn_[a-z_]+)"', source))
+    named = profiling.GEMM_OPS | profiling.LOSS_OPS | profiling.OPTIMIZER_OPS
+    assert len(recorded) >= 8 and recorded == {n for n in named if n.startswith("_nn_")}
+    sets = (profiling.GEMM_OPS, profiling.LOSS_OPS, profiling.OPTIMIZER_OPS,
+            profiling.REDUCTION_OPS, frozenset(cudalab._core._elementwise_functions()))
+    assert sum(len(x) for x in sets) == len(frozenset().union(*sets))  # no name in two kinds
+
+
+@pytest.mark.parametrize("name,category", [
+    ("_nn_linear", "gemm"), ("_nn_linear_backward_input", "gemm"),
+    ("_nn_linear_backward_weight", "gemm"), ("matmul", "gemm"),
+    ("_nn_cross_entropy", "loss"), ("_nn_adamw_", "optimizer"), ("_nn_sgd_", "optimizer"),
+    ("_nn_unscale_", "optimizer"), ("_nn_update_scale_", "optimizer"),
+    ("mul", "element-wise"), ("where", "element-wise"), ("sum", "reduction"),
+    ("copy", "cast"), ("copyto", "cast"), ("_spin", "other")])
+def test_op_category(name, category):
+    assert profiling.op_category(name, ELEMENTWISE) == category
 
 
 def test_category_shares_sum_to_one_and_split_by_kind():
-    shares = profiling.category_shares({"matmul": 600, "add": 200, "relu": 100, "sum": 100},
-                                       ELEMENTWISE)
-    assert shares == pytest.approx({"gemm": 0.6, "element-wise": 0.3, "reduction": 0.1,
-                                    "other": 0.0})
-    assert profiling.category_shares({}, ELEMENTWISE)["gemm"] == 0.0
+    shares = profiling.category_shares(
+        {"_nn_linear": 500, "_nn_linear_backward_weight": 100, "_nn_adamw_": 150, "mul": 100,
+         "_nn_cross_entropy": 50, "sum": 50, "copy": 50}, ELEMENTWISE)
+    assert list(shares) == list(profiling.CATEGORIES)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares == pytest.approx({"gemm": 0.6, "loss": 0.05, "optimizer": 0.15, "cast": 0.05,
+                                    "element-wise": 0.1, "reduction": 0.05, "other": 0.0})
+    assert profiling.category_shares({}, ELEMENTWISE) == dict.fromkeys(profiling.CATEGORIES, 0.0)
 
 
 def test_bottleneck_text_follows_the_threshold():
     t = profiling.GEMM_DOMINATES
-    assert profiling.bottleneck_text({"gemm": t + 0.01}).startswith("GEMMs dominate")
-    assert profiling.bottleneck_text({"gemm": t - 0.01}).startswith("GEMMs take only")
+    dominated = profiling.bottleneck_text({"gemm": t + 0.01, "optimizer": 0.2})
+    assert dominated.startswith("GEMMs dominate") and f"at most {1 - t - 0.01:.0%}" in dominated
+    low = profiling.bottleneck_text({"gemm": t - 0.01, "optimizer": 0.3, "element-wise": 0.19})
+    assert low.startswith("GEMMs take only") and "first the optimizer ops (30%" in low
+
+
+def test_optimizer_text_follows_the_threshold():
+    t = profiling.OPTIMIZER_NOTABLE
+    notable = profiling.optimizer_text(t, 25_178_112, 4096)
+    assert "10.0% of the step" in notable and "all 25.2M parameters" in notable
+    assert "spread that pass" in notable
+    small = profiling.optimizer_text(t - 0.001, 2908, 4096)
+    assert "at 4096 rows per step the GEMMs' work outweighs one pass over the 2,908" in small
+
+
+def test_casts_text_names_the_casts_of_half_precisions_only():
+    for precision in ("bf16", "fp16"):
+        text = profiling.casts_text(0.081, precision)
+        assert "8.1%" in text and f"into {precision} before the forward" in text
+        assert "nothing is cast back" in text
+    for precision in ("fp32", "tf32"):
+        assert "nothing is cast" in profiling.casts_text(0.0, precision)
+
+
+def test_launch_text_follows_the_threshold():
+    bound = profiling.launch_text(2e-3, 1e-3, 23)
+    assert "(23 ops)" in bound and "launch-bound" in bound and "CUDA graph" in bound
+    gpu = profiling.launch_text(0.25e-3, 1e-3, 23.0)
+    assert "GPU-bound" in gpu and "(25%)" in gpu
+    r = profiling.LAUNCH_BOUND_RATIO
+    assert "GPU-bound" in profiling.launch_text(r * 1e-3, 1e-3, 1)
+    assert "launch-bound" in profiling.launch_text(1e-3, 0.0, 1)
+
+
+def test_hold_text_says_whether_the_hold_outlasted_the_enqueueing():
+    assert "no launch gaps" in profiling.hold_text(0.5e-3)
+    assert "ran out 0.200 ms before" in profiling.hold_text(-0.2e-3)
 
 
 def test_trace_counts():
@@ -77,6 +127,16 @@ def test_trace_counts():
                            {"ph": "X", "cat": "op"}, {"ph": "X", "cat": "op"},
                            {"ph": "X", "cat": "gpu_op"}, {"ph": "X", "cat": "range"}]}
     assert profiling.trace_counts(doc) == (2, 1)
+
+
+def test_profiling_hold_covers_the_enqueueing_and_is_capped():
+    assert profiling.hold_seconds(1e-3, 10) == pytest.approx(profiling.HOLD_MARGIN * 1e-2 + 1e-3)
+    assert profiling.hold_seconds(1.0, 100) == profiling.HOLD_MAX_S
+    assert profiling.hold_seconds(0.0, 10) == pytest.approx(1e-3)
+
+
+def test_profiling_rows_have_one_key_set():
+    assert len(set(profiling.ROW_KEYS)) == len(profiling.ROW_KEYS)
 
 
 # ---- cpu_vs_gpu ---------------------------------------------------------------------
@@ -121,7 +181,6 @@ def test_cpu_threads_reports_a_count_and_its_source():
 
 # ---- memory -------------------------------------------------------------------------
 
-import cudalab  # noqa: E402
 from cudalab.lessons import memory  # noqa: E402
 
 
@@ -248,7 +307,188 @@ def test_times_text():
     assert cpu_vs_gpu.times(0.357) == "0.36x"
 
 
-def test_profiling_hold_covers_the_enqueueing_and_is_capped():
-    assert profiling.hold_seconds(1e-3, 10) == pytest.approx(profiling.HOLD_MARGIN * 1e-2 + 1e-3)
-    assert profiling.hold_seconds(1.0, 100) == profiling.HOLD_MAX_S
-    assert profiling.hold_seconds(0.0, 10) == pytest.approx(1e-3)
+
+# ---- profiling end to end on a NumPy stand-in for the GPU, cudalab.nn and the profiler ---------
+# Not a measurement: the stand-in nn (tests/test_lessons_f_cpu.py) trains for real in float64,
+# so the lesson's NumPy checks mean something; each stand-in step also "runs" the ops a real
+# cudalab.nn step records, on a fake GPU clock, and a fake profiler turns them into the
+# profiler's events, so the table, rows, findings, trace and plot code all run.
+
+import types  # noqa: E402
+
+import test_lessons_d_cpu as standin  # noqa: E402  (the NumPy stand-in for cudalab's ops)
+import test_lessons_f_cpu as nn_standin  # noqa: E402  (the NumPy stand-in for cudalab.nn)
+
+from cudalab.lessons import registry  # noqa: E402
+from cudalab.profiler import Profile, ProfilerEvent  # noqa: E402
+
+# GPU microseconds per op of the stand-in step: ratios like a real bf16 step's.
+_OP_US = {"_nn_linear": 60.0, "_nn_linear_backward_input": 60.0,
+          "_nn_linear_backward_weight": 60.0, "_nn_cross_entropy": 8.0, "_nn_adamw_": 40.0,
+          "_nn_unscale_": 10.0, "_nn_update_scale_": 2.0, "copyto": 4.0, "div": 2.0}
+_GAP_NS = 300     # between two ops on the fake GPU
+_HOST_NS = 8_000  # host time to issue one op
+
+
+def step_ops(layers, precision):
+    """The op names a cudalab.nn train_step records, in order (see nn/layers.py, train.py)."""
+    half = precision in ("fp16", "bf16")
+    casts = ["copyto"] * (2 * layers + 1) if half else []  # weights, biases and the input
+    ops = casts + ["_nn_linear"] * layers + ["_nn_cross_entropy"]
+    for i in range(layers - 1, -1, -1):
+        ops += ["_nn_linear_backward_weight"]  # float32 gradients: nothing to cast back
+        ops += ["_nn_linear_backward_input"] if i > 0 else []
+    if precision == "fp16":
+        ops += ["copyto", "div", "_nn_unscale_"]
+    return ops + ["_nn_adamw_"] + (["_nn_update_scale_"] if precision == "fp16" else [])
+
+
+class _FakeGpu:
+    """A GPU clock and host clock (ns) that ops advance; a log of events while profiling."""
+
+    def __init__(self):
+        self.gpu = self.host = 0
+        self.events = None
+
+    def op(self, name, gpu_us):
+        host0, self.host = self.host, self.host + _HOST_NS
+        start = max(self.gpu, self.host)  # an op starts once queued and the stream is free
+        duration = int(gpu_us * 1e3)
+        self.gpu = start + duration + _GAP_NS
+        if self.events is not None:
+            self.events.append(ProfilerEvent(
+                name=name, kind="op", device=0, stream=0, thread_id=1, host_start_ns=host0,
+                host_end_ns=self.host, gpu_start_ns=start, gpu_duration_ns=duration,
+                flops=10**9 if name.startswith("_nn_linear") else None, bytes=10**6))
+
+
+def _fake_profiler(monkeypatch):
+    gpu = _FakeGpu()
+
+    class Event:
+        def record(self):
+            self.ns = gpu.gpu
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.ns - self.ns) / 1e6
+
+    class FakeProfile:
+        def __enter__(self):
+            gpu.events = []
+            return self
+
+        def __exit__(self, *exc):
+            self.done = Profile.from_events(gpu.events)
+            gpu.events = None
+            return False
+
+        def __getattr__(self, name):  # events, key_averages, export_chrome_trace
+            return getattr(self.done, name)
+
+    class RecordFunction:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            self.start = gpu.host
+            return self
+
+        def __exit__(self, *exc):
+            gpu.events.append(ProfilerEvent(name=self.name, kind="range", device=0, stream=0,
+                                            thread_id=1, host_start_ns=self.start,
+                                            host_end_ns=gpu.host))
+            return False
+
+    def spin(cycles):
+        gpu.op("_spin", cycles / 1.98e9 * 1e6)
+
+    def train_step(model, opt, x, labels, precision="fp32", scaler=None):
+        loss = nn_standin._train_step(model, opt, x, labels, precision, scaler)
+        for name in step_ops(len(model.layers), precision):
+            gpu.op(name, _OP_US[name])
+        return loss
+
+    monkeypatch.setattr(cudalab, "Event", Event, raising=False)
+    monkeypatch.setattr(cudalab.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(cudalab.profiler, "record_function", RecordFunction)
+    monkeypatch.setattr(cudalab._core, "_spin", spin)
+    monkeypatch.setattr(profiling.nn, "train_step", train_step)
+    monkeypatch.setattr(profiling, "get_device_properties", lambda index: types.SimpleNamespace(
+        name="Fake GPU", clock_rate_khz=1.98e6))
+    return gpu
+
+
+_TINY = {"in_features": 8, "hidden": (16, 16), "classes": 4, "batch": 32, "warmup_steps": 2,
+         "steps": 3, "top_ops": 4}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_profiling_runs_on_a_numpy_stand_in(monkeypatch, tmp_path, precision):
+    """The shared end-to-end test (rows, checks, JSON round trip, plot) with nn and the
+    profiler faked."""
+    nn_standin._fake_nn(monkeypatch)
+    _fake_profiler(monkeypatch)
+    trace = tmp_path / "trace.json"
+    monkeypatch.setitem(standin._TINY, "profiling",
+                        {**_TINY, "precision": precision, "trace_path": str(trace)})
+    standin.test_lesson_runs_on_a_numpy_stand_in(monkeypatch, "profiling")
+    assert trace.exists()
+
+
+def _run_profiling(monkeypatch, tmp_path, **over):
+    timer = standin._fake_gpu(monkeypatch)
+    nn_standin._fake_nn(monkeypatch)
+    gpu = _fake_profiler(monkeypatch)
+    monkeypatch.setattr(registry.LessonRun, "torch", staticmethod(lambda: None))
+    x = lessons.get("profiling")
+    params = {**x.defaults(True), **_TINY, "trace_path": str(tmp_path / "t.json"), **over}
+    r = registry.LessonRun(x, params, True)
+    r.timer = timer
+    x.function(r)
+    return r, gpu
+
+
+def test_profiling_stand_in_table_accounts_for_every_op(monkeypatch, tmp_path):
+    r, _ = _run_profiling(monkeypatch, tmp_path, precision="fp16")
+    assert {tuple(row) for row in r.rows} == {profiling.ROW_KEYS}
+    ops = step_ops(3, "fp16")
+    categories = {row["op"]: row for row in r.rows if row["kind"] == "category"}
+    # Every category the step has, its calls per step and its share of the ops' GPU time.
+    total = sum(_OP_US[n] for n in ops)
+    # fp16: 7 casts in and the scaler's found_inf reset; 1 / scale
+    for category, want in (("gemm", 8), ("loss", 1), ("optimizer", 3), ("cast", 8),
+                           ("element-wise", 1)):
+        row = categories[f"all {category} ops"]
+        assert row["calls_per_step"] == want, category
+        share = sum(_OP_US[n] for n in ops if profiling.op_category(
+            n, frozenset(cudalab._core._elementwise_functions())) == category) / total
+        assert row["gpu_pct"] == pytest.approx(100 * share, rel=1e-3), category
+    assert "all reduction ops" not in categories  # a step with no reduction has no row
+    op_rows = [row for row in r.rows if row["kind"] == "op"]
+    assert len(op_rows) == 4 and op_rows[0]["op"] in profiling.GEMM_OPS
+    assert [row["gpu_ms_per_step"] for row in op_rows] == sorted(
+        (row["gpu_ms_per_step"] for row in op_rows), reverse=True)
+    assert all(row["op"] != profiling.HOLD_OP for row in r.rows)
+    for f in r.findings:
+        assert set(f.labels) <= set(r.measurements), f
+
+
+def test_profiling_stand_in_checks_and_findings(monkeypatch, tmp_path):
+    r, _ = _run_profiling(monkeypatch, tmp_path)
+    checks = {c.what: c for c in r.checks}
+    assert all(c.passed for c in r.checks)
+    grads = [c for c in checks if c.startswith("MLP gradient")]
+    assert len(grads) == 2 * (len(profiling.CHECK_SIZES) - 1)
+    assert all(checks[c].max_error < 1e-6 for c in grads)  # the stand-in is float64 inside
+    assert any(c.startswith("AdamW step") for c in checks)
+    match = next(c for c in r.checks if c.what.startswith("profiler op GPU time"))
+    gaps = _GAP_NS * len(step_ops(3, "bf16")) / (1e3 * sum(_OP_US[n] for n in step_ops(3, "bf16"))
+                                                   + _GAP_NS * len(step_ops(3, "bf16")))
+    assert match.max_error == pytest.approx(gaps, rel=1e-3)  # the gaps are what the ops miss
+    text = " ".join(f.text for f in r.findings)
+    assert "no launch gaps" in text  # the hold outlasted the (fake) enqueueing
+    # 86% of the stand-in's op time is GEMMs; its Timer says 0.2 ms of host time per 1 ms step
+    assert "GEMMs dominate (86%)" in text and "GPU-bound" in text

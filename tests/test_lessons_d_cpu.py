@@ -358,6 +358,11 @@ class _Array:
     def record_stream(self, stream):
         assert isinstance(stream, _Stream)
 
+    def reshape(self, *shape):
+        view = _Array.__new__(_Array)  # shares memory, like DeviceArray.reshape
+        view.a = self.a.reshape(*shape)
+        return view
+
 
 def _values(x):
     return x.a if isinstance(x, _Array) else x
@@ -366,6 +371,9 @@ def _values(x):
 def _into(out, values):
     if out is None:
         return _Array(values)
+    # cudalab's out= must have the result's shape (no broadcasting into it).
+    if out.a.shape != np.shape(values):
+        raise ValueError(f"out has shape {out.a.shape} but the result has shape {np.shape(values)}")
     out.a[...] = values
     return out
 
@@ -413,6 +421,11 @@ def _fake_gpu(monkeypatch):
         pinned_empty=fake["pinned_empty"], full=fake["full"], asarray=fake["asarray"],
         current_device=lambda: 0))
     monkeypatch.setattr(cudalab._core, "current_device", lambda: 0)
+    from cudalab import prefetch as feeding  # the shared loader mechanism calls _core
+
+    monkeypatch.setattr(feeding, "_core", types.SimpleNamespace(
+        pinned_empty=fake["pinned_empty"], asarray=fake["asarray"], Stream=_Stream,
+        current_stream=_Stream, synchronize=fake["synchronize"]))
     monkeypatch.setattr(cudalab.devices, "get_device_properties", fake["get_device_properties"])
 
     def ceiling(name):
@@ -426,8 +439,9 @@ def _fake_gpu(monkeypatch):
     def timed(fn, args, label, ceiling_name, flops, nbytes, description=None):
         fn(*args)
         c = ceiling(ceiling_name) if isinstance(ceiling_name, str) else None
+        # host_time: a real Timer always reports the host's enqueue time per call.
         return Measurement(label=label, times=(0.9e-3, 1e-3, 1.1e-3), flops=flops, bytes=nbytes,
-                           description=description,
+                           description=description, host_time=0.2e-3,
                            ceiling_name=c and c.name, ceiling_value=c and c.value,
                            ceiling_unit=c and c.unit)
 

@@ -95,11 +95,14 @@ int cl_dtype_from_descr(cl_state *st, PyArray_Descr *descr);
 int cl_dtype_converter(cl_state *st, PyObject *obj, const char *func, const char *param,
                        cl_dtype *out);
 const char *cl_dtype_name(cl_dtype dtype);
+/* np.can_cast(from, to, "same_kind"). */
+bool cl_can_cast_same_kind(cl_dtype from, cl_dtype to);
 PyObject *cl_supported_dtypes_text(void);
 
 /* ---- creation (creation.c) ----------------------------------------------- */
 
 extern PyMethodDef cl_creation_methods[];
+extern PyMethodDef cl_copyto_methods[]; /* array/copyto.c */
 /* Parse a shape argument (int or sequence of ints). */
 int cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
                    Py_ssize_t *shape);

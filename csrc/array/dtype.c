@@ -106,3 +106,23 @@ cl_dtype_converter(cl_state *st, PyObject *obj, const char *func, const char *pa
     *out = (cl_dtype)code;
     return 0;
 }
+
+/* np.can_cast(from, to, "same_kind") (rows: from). */
+static const unsigned char same_kind_table[CL_NUM_DTYPES][CL_NUM_DTYPES] = {
+    /*         b  i8 u8 i32 i64 f16 bf16 f32 f64 */
+    /* b   */ {1, 1, 1, 1, 1, 1, 1, 1, 1},
+    /* i8  */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
+    /* u8  */ {0, 1, 1, 1, 1, 1, 1, 1, 1},
+    /* i32 */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
+    /* i64 */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
+    /* f16 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
+    /* bf16*/ {0, 0, 0, 0, 0, 0, 1, 1, 1},
+    /* f32 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
+    /* f64 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
+};
+
+bool
+cl_can_cast_same_kind(cl_dtype from, cl_dtype to)
+{
+    return same_kind_table[from][to] != 0;
+}

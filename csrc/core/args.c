@@ -3,8 +3,11 @@
  * Python's own PyArg_ParseTupleAndKeywords does not take the vectorcall
  * layout, and _PyArg_Parser is private; this small parser maps positional
  * and keyword arguments onto named slots and leaves conversion to callers,
- * which is where the "<func>() argument '<param>'" messages come from. */
+ * which is where the "<func>() argument '<param>'" messages come from.
+ * cl_parse_real is the one conversion of a real-number argument. */
 #include "cudalab.h"
+
+#include <math.h>
 
 int
 cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
@@ -56,5 +59,28 @@ cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObjec
             return -1;
         }
     }
+    return 0;
+}
+
+/* A finite real number (int, float, NumPy real scalar; not complex or str). */
+int
+cl_parse_real(PyObject *obj, const char *func, const char *param, double *out)
+{
+    if (PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) || PyUnicode_Check(obj) ||
+        PyBytes_Check(obj) || (!PyFloat_Check(obj) && !PyIndex_Check(obj) &&
+                               Py_TYPE(obj)->tp_as_number == NULL)) {
+        return cl_arg_error(PyExc_TypeError, func, param, "expected a real number, got %.100s",
+                            Py_TYPE(obj)->tp_name);
+    }
+    double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return cl_arg_error(PyExc_TypeError, func, param, "expected a real number, got %.100s",
+                            Py_TYPE(obj)->tp_name);
+    }
+    if (!isfinite(v)) {
+        return cl_arg_error(PyExc_ValueError, func, param, "must be finite, got %R", obj);
+    }
+    *out = v;
     return 0;
 }

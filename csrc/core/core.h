@@ -116,6 +116,10 @@ int cl_expected_array_error(const char *func, const char *param, PyObject *obj, 
 int cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int nrequired, PyObject **out);
 
+/* A finite real number (int, float, NumPy real scalar; not complex or str):
+ * TypeError or ValueError naming func and param otherwise. */
+int cl_parse_real(PyObject *obj, const char *func, const char *param, double *out);
+
 /* A METH_FASTCALL | METH_KEYWORDS table entry for function `name` with docstring `name##_doc`. */
 #define CL_FASTCALL(name) \
     {#name, (PyCFunction)(void (*)(void))name, METH_FASTCALL | METH_KEYWORDS, name##_doc}

@@ -69,13 +69,18 @@ cl_exec(PyObject *module)
     if (PyModule_AddFunctions(module, cl_device_methods) < 0 ||
         PyModule_AddFunctions(module, cl_memory_methods) < 0 ||
         PyModule_AddFunctions(module, cl_creation_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_copyto_methods) < 0 ||
         PyModule_AddFunctions(module, cl_elementwise_methods) < 0 ||
         PyModule_AddFunctions(module, cl_reduce_methods) < 0 ||
         PyModule_AddFunctions(module, cl_transpose_methods) < 0 ||
         PyModule_AddFunctions(module, cl_random_methods) < 0 ||
         PyModule_AddFunctions(module, cl_blas_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_nn_linear_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_optim_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_loss_methods) < 0 ||
         PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
         PyModule_AddFunctions(module, cl_timing_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_graph_methods) < 0 ||
         cl_profiler_init(module, st) < 0) {
         return -1;
     }

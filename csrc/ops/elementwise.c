@@ -8,6 +8,7 @@
  *   axpy(alpha, x, y)                       alpha * x + y, one rounding (fma)
  *   clamp(a, lo, hi)  where(cond, a, b)     three operands
  *   neg abs exp log sqrt tanh sigmoid relu gelu(approximate=)    unary
+ *   relu_grad(grad, x)  gelu_grad(grad, x, approximate=)   activation backward
  *   + - * / += -= *= /= unary - abs()       the number protocol
  *
  * Operands are DeviceArrays or real scalars (Python bool/int/float, NumPy
@@ -59,20 +60,6 @@ static const signed char promote_table[PROMOTE_N][PROMOTE_N] = {
     /* i16 */ {I2, I2, I2, I4, I8, F4, F4,  F4, F8, I2},
 };
 
-/* np.can_cast(from, to, "same_kind") (rows: from). */
-static const unsigned char same_kind_table[CL_NUM_DTYPES][CL_NUM_DTYPES] = {
-    /*         b  i8 u8 i32 i64 f16 bf16 f32 f64 */
-    /* b   */ {1, 1, 1, 1, 1, 1, 1, 1, 1},
-    /* i8  */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
-    /* u8  */ {0, 1, 1, 1, 1, 1, 1, 1, 1},
-    /* i32 */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
-    /* i64 */ {0, 1, 0, 1, 1, 1, 1, 1, 1},
-    /* f16 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
-    /* bf16*/ {0, 0, 0, 0, 0, 0, 1, 1, 1},
-    /* f32 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
-    /* f64 */ {0, 0, 0, 0, 0, 1, 1, 1, 1},
-};
-
 #undef B_
 #undef I1
 #undef U1
@@ -119,15 +106,18 @@ typedef struct ew_signature {
     int nops;                         /* the leading names that are operands */
     int nrequired;
     int out;                          /* where "out" is */
+    int approximate;                  /* where "approximate" is (gelu's forms), or 0 */
 } ew_signature;
 
 static const ew_signature signatures[] = {
     [CL_EW_SIG_UNARY] = {{"a", "out", NULL}, 1, 1, 1},
     [CL_EW_SIG_BINARY] = {{"a", "b", "out", NULL}, 2, 2, 2},
     [CL_EW_SIG_AXPY] = {{"alpha", "x", "y", "out", NULL}, 3, 3, 3},
-    [CL_EW_SIG_GELU] = {{"a", "approximate", "out", NULL}, 1, 1, 2},
+    [CL_EW_SIG_GELU] = {{"a", "approximate", "out", NULL}, 1, 1, 2, 1},
     [CL_EW_SIG_CLAMP] = {{"a", "lo", "hi", "out", NULL}, 3, 1, 3},
     [CL_EW_SIG_WHERE] = {{"cond", "a", "b", "out", NULL}, 3, 3, 3},
+    [CL_EW_SIG_GRAD] = {{"grad", "x", "out", NULL}, 2, 2, 2},
+    [CL_EW_SIG_GELU_GRAD] = {{"grad", "x", "approximate", "out", NULL}, 2, 2, 3, 2},
 };
 
 /* Each signature's text signature and Parameters/Returns sections. */
@@ -185,6 +175,24 @@ static const ew_signature signatures[] = {
     "    Written in place; the broadcast shape of all three, a dtype the\n"                       \
     "    result casts to ('same_kind'). May be `a` or `b` itself.\n\n"                            \
     EW_DOC_RETURNS_PROMOTED
+#define EW_DOC_GRAD_OPERANDS_                                                                     \
+    "grad : DeviceArray or scalar\n"                                                              \
+    "    The gradient of the loss with respect to the activation's output.\n"                    \
+    "x : DeviceArray or scalar\n"                                                                 \
+    "    The activation's input. At least one of grad and x a DeviceArray;\n"                    \
+    "    NumPy broadcasting over any strides.\n"
+#define EW_DOC_GRAD_OUT_                                                                          \
+    "out : DeviceArray, optional\n"                                                               \
+    "    Written in place; the broadcast shape, a dtype the result casts to\n"                    \
+    "    ('same_kind'). May be `grad` or `x` itself.\n\n"                                         \
+    "Returns\n-------\nDeviceArray\n    `out`, or a new array: the gradient with respect to x."
+#define EW_TEXT_GRAD "(grad, x, out=None)"
+#define EW_DOC_GRAD EW_DOC_GRAD_OPERANDS_ EW_DOC_GRAD_OUT_
+#define EW_TEXT_GELU_GRAD "(grad, x, approximate='none', out=None)"
+#define EW_DOC_GELU_GRAD                                                                          \
+    EW_DOC_GRAD_OPERANDS_                                                                         \
+    "approximate : {'none', 'tanh'}, optional\n"                                                  \
+    "    The GELU form whose derivative is taken (as gelu's).\n" EW_DOC_GRAD_OUT_
 
 /* EW_IF_<sig>(...): its arguments for a signature, nothing for NONE. */
 #define EW_IF_NONE(...)
@@ -194,6 +202,8 @@ static const ew_signature signatures[] = {
 #define EW_IF_GELU(...) __VA_ARGS__
 #define EW_IF_CLAMP(...) __VA_ARGS__
 #define EW_IF_WHERE(...) __VA_ARGS__
+#define EW_IF_GRAD(...) __VA_ARGS__
+#define EW_IF_GELU_GRAD(...) __VA_ARGS__
 
 /* ---- operands ------------------------------------------------------------------- */
 
@@ -562,7 +572,7 @@ result_dtype(ew_call *c)
 
 /* ---- operands of each signature --------------------------------------------------- */
 
-/* gelu's approximate= picks the kernel op. */
+/* approximate= picks the kernel op of gelu and gelu_grad: the tanh form's. */
 static int
 gelu_form(ew_call *c, PyObject *approximate)
 {
@@ -575,7 +585,7 @@ gelu_form(ew_call *c, PyObject *approximate)
                             Py_TYPE(approximate)->tp_name);
     }
     if (PyUnicode_CompareWithASCIIString(approximate, "tanh") == 0) {
-        c->kop = CL_EW_GELU_TANH;
+        c->kop = c->spec->op == CL_EW_GELU ? CL_EW_GELU_TANH : CL_EW_GELU_GRAD_TANH;
     }
     else if (PyUnicode_CompareWithASCIIString(approximate, "none") != 0) {
         return cl_arg_error(PyExc_ValueError, c->op.func, "approximate",
@@ -670,6 +680,8 @@ ew_operands(ew_call *c, PyObject *const *objs)
         r = array_operand(c, objs[0], names[0], &c->arg[0]);
         break;
     case CL_EW_SIG_BINARY:
+    case CL_EW_SIG_GRAD:
+    case CL_EW_SIG_GELU_GRAD:
         r = classify(c, objs[0], names[0], &c->arg[0]) < 0 ||
                     classify(c, objs[1], names[1], &c->arg[1]) < 0
                 ? -1
@@ -747,7 +759,7 @@ ew_validate(ew_call *c, PyObject *out_obj)
     if (broadcast_shape(c) < 0 || cl_op_out(&c->op, out_obj, c->nd, c->shape, &c->out) < 0) {
         return -1;
     }
-    if (c->out != NULL && !same_kind_table[c->r][c->out->dtype]) {
+    if (c->out != NULL && !cl_can_cast_same_kind(c->r, c->out->dtype)) {
         return cl_op_out_cast_error(&c->op, c->r, c->out->dtype);
     }
     for (int k = 0; k < c->nin; k++) {
@@ -938,7 +950,7 @@ ew_entry(PyObject *module, const ew_spec *spec, PyObject *const *args, Py_ssize_
     ew_call c;
     ew_call_init(&c, cl_state_from_module(module), spec, EW_CALL);
     if (cl_parse_args(spec->name, args, nargs, kwnames, sig->names, sig->nrequired, argv) < 0 ||
-        (spec->sig == CL_EW_SIG_GELU && gelu_form(&c, argv[1]) < 0) ||
+        (sig->approximate > 0 && gelu_form(&c, argv[sig->approximate]) < 0) ||
         ew_operands(&c, argv) < 0) {
         return NULL;
     }

@@ -79,8 +79,8 @@ static _Atomic int matmul_padding = PAD_AUTO;
 #define PAD_MIN_DIM 256
 #define PAD_MIN_WORK ((int64_t)1 << 30)
 
-static cublasComputeType_t
-compute_type(cl_dtype dtype, int precision)
+cublasComputeType_t
+cl_mm_compute_type(cl_dtype dtype, int precision)
 {
     if (dtype == CL_FLOAT64) {
         return CUBLAS_COMPUTE_64F;
@@ -249,8 +249,14 @@ operand_make_contiguous(mm_problem *p, operand *o, const Py_ssize_t *bshape)
 
 /* ---- validate (no CUDA call) ------------------------------------------------------------ */
 
-static int
-parse_precision(PyObject *obj, const char *func, const char *param, int *out)
+int
+cl_mm_default_precision(void)
+{
+    return atomic_load(&float32_precision);
+}
+
+int
+cl_mm_parse_precision(PyObject *obj, const char *func, const char *param, int *out)
 {
     if (!PyUnicode_Check(obj)) {
         return cl_arg_error(PyExc_TypeError, func, param,
@@ -367,10 +373,10 @@ matmul_validate(mm_problem *p, cl_state *st, const char *func, PyObject *a_obj, 
 {
     cl_op_init(&p->op, st, func);
     /* The scalar options first, so they are checked even without arrays (CPU tier). */
-    p->precision = atomic_load(&float32_precision);
+    p->precision = cl_mm_default_precision();
     p->pad = atomic_load(&matmul_padding);
     if ((precision_obj != NULL && precision_obj != Py_None &&
-         parse_precision(precision_obj, func, "precision", &p->precision) < 0) ||
+         cl_mm_parse_precision(precision_obj, func, "precision", &p->precision) < 0) ||
         (pad_obj != NULL && pad_obj != Py_None && parse_pad(pad_obj, func, "pad", &p->pad) < 0)) {
         return -1;
     }
@@ -471,8 +477,8 @@ plan_batches(mm_problem *p, mm_batching *bt)
     return 0;
 }
 
-static uint32_t
-alignment_of(uint64_t value)
+uint32_t
+cl_mm_alignment_of(uint64_t value)
 {
     if (value == 0) {
         return 256;
@@ -495,18 +501,18 @@ plan_key(const mm_problem *p, const mm_batching *bt, const DeviceArray *target, 
     int64_t item = (int64_t)cl_itemsize(p->dtype);
     int n = bt->n_axes;
     bool batched = bt->inner > 1;
-    uint32_t al_a = alignment_of((uintptr_t)p->oa.arr->data);
-    uint32_t al_b = alignment_of((uintptr_t)p->ob.arr->data);
-    uint32_t al_c = alignment_of((uintptr_t)target->data);
+    uint32_t al_a = cl_mm_alignment_of((uintptr_t)p->oa.arr->data);
+    uint32_t al_b = cl_mm_alignment_of((uintptr_t)p->ob.arr->data);
+    uint32_t al_c = cl_mm_alignment_of((uintptr_t)target->data);
     for (int i = 0; i < n; i++) {
-        al_a = min_u32(al_a, alignment_of((uint64_t)(bt->sa[i] * item)));
-        al_b = min_u32(al_b, alignment_of((uint64_t)(bt->sb[i] * item)));
-        al_c = min_u32(al_c, alignment_of((uint64_t)(bt->sc[i] * item)));
+        al_a = min_u32(al_a, cl_mm_alignment_of((uint64_t)(bt->sa[i] * item)));
+        al_b = min_u32(al_b, cl_mm_alignment_of((uint64_t)(bt->sb[i] * item)));
+        al_c = min_u32(al_c, cl_mm_alignment_of((uint64_t)(bt->sc[i] * item)));
     }
     memset(key, 0, sizeof *key);
     key->device = p->op.device;
     key->dtype = (int)p->dtype;
-    key->compute = (int)compute_type(p->dtype, p->precision);
+    key->compute = (int)cl_mm_compute_type(p->dtype, p->precision);
     key->lt = atomic_load(&use_lt[p->dtype]);
     key->opx = (int)p->ob.op;
     key->opy = (int)p->oa.op;
@@ -575,7 +581,7 @@ operand_aligned(operand *o, int64_t rows_p, int64_t cols_p)
     const DeviceArray *a = o->arr;
     int64_t item = (int64_t)cl_itemsize(a->dtype);
     if (o->rows != rows_p || o->cols != cols_p || !operand_layout(o) ||
-        alignment_of((uintptr_t)a->data) < PAD_BYTES || (o->ld * item) % PAD_BYTES != 0 ||
+        cl_mm_alignment_of((uintptr_t)a->data) < PAD_BYTES || (o->ld * item) % PAD_BYTES != 0 ||
         ((o->op == CUBLAS_OP_N ? o->cols : o->rows) * item) % PAD_BYTES != 0) {
         return false;
     }
@@ -900,7 +906,8 @@ set_float32_matmul_precision(PyObject *module, PyObject *const *args, Py_ssize_t
     int precision;
     if (cl_parse_args("set_float32_matmul_precision", args, nargs, kwnames, names, 1, argv) <
             0 ||
-        parse_precision(argv[0], "set_float32_matmul_precision", "precision", &precision) < 0) {
+        cl_mm_parse_precision(argv[0], "set_float32_matmul_precision", "precision",
+                              &precision) < 0) {
         return NULL;
     }
     atomic_store(&float32_precision, precision);

@@ -17,7 +17,15 @@
  * k, leading dimensions, batch count and strides, pointer alignments), in a
  * small table with round-robin eviction. When cuBLASLt offers no algorithm
  * (or refuses the chosen one), the plan falls back to
- * cublasGemmStridedBatchedEx_64; so does a key whose `lt` is 0. */
+ * cublasGemmStridedBatchedEx_64; so does a key whose `lt` is 0.
+ *
+ * Epilogues (ops/linear.c). A key with an epilogue also carries the aux
+ * leading dimension and the alignments of the bias and aux pointers; the
+ * heuristic sees stand-in pointers of exactly those alignments (it reads
+ * only their values), and each call sets the real ones on the cached
+ * descriptor (host-side attributes, so capture in a graph is unaffected).
+ * Such a plan never falls back to cuBLAS: cl_mm_uses_lt says whether
+ * cuBLASLt took it, and cl_mm_run_args refuses to drop the epilogue. */
 #include "ops/matmul.h"
 
 #include <pthread.h>
@@ -306,6 +314,42 @@ fail:
     return -1;
 }
 
+/* Set the epilogue's pointers on a descriptor (NULL: leave as is). */
+static int
+lt_desc_pointers(cl_state *st, cublasLtMatmulDesc_t desc, const void *bias, const void *aux)
+{
+    if (bias != NULL) {
+        CL_CUBLAS_CHECK(st, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &bias, sizeof bias));
+    }
+    if (aux != NULL) {
+        CL_CUBLAS_CHECK(st, cublasLtMatmulDescSetAttribute(
+                                desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* The epilogue, its aux leading dimension, and stand-in pointers with the
+ * key's alignments for the heuristic (the real ones are set per call). */
+static int
+lt_desc_epilogue(cl_state *st, const cl_mm_key *key, cublasLtMatmulDesc_t desc)
+{
+    uint32_t epilogue = (uint32_t)key->epilogue;
+    CL_CUBLAS_CHECK(st, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &epilogue, sizeof epilogue));
+    if (key->align_aux != 0) {
+        int64_t ld = key->aux_ld;
+        CL_CUBLAS_CHECK(st, cublasLtMatmulDescSetAttribute(
+                                desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    }
+    return lt_desc_pointers(st, desc, (const void *)(uintptr_t)key->align_bias,
+                            (const void *)(uintptr_t)key->align_aux);
+fail:
+    return -1;
+}
+
 /* The operation descriptor: compute and scale types, the two operations. */
 static int
 lt_desc_create(cl_state *st, const cl_mm_key *key, cublasLtMatmulDesc_t *desc)
@@ -317,7 +361,7 @@ lt_desc_create(cl_state *st, const cl_mm_key *key, cublasLtMatmulDesc_t *desc)
                                                        sizeof opx));
     CL_CUBLAS_CHECK(st, cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy,
                                                        sizeof opy));
-    return 0;
+    return key->epilogue != 0 ? lt_desc_epilogue(st, key, *desc) : 0;
 fail:
     return -1;
 }
@@ -334,7 +378,8 @@ lt_layouts_create(cl_state *st, const cl_mm_key *key, cublasLtMatrixLayout_t *lx
                                                    (uint64_t)(xn ? key->k : key->m), key->ldx));
     CL_CUBLAS_CHECK(st, cublasLtMatrixLayoutCreate(ly, type, (uint64_t)(yn ? key->k : key->n),
                                                    (uint64_t)(yn ? key->n : key->k), key->ldy));
-    CL_CUBLAS_CHECK(st, cublasLtMatrixLayoutCreate(lc, type, (uint64_t)key->m,
+    cudaDataType ctype = key->out_f32 ? CUDA_R_32F : type;
+    CL_CUBLAS_CHECK(st, cublasLtMatrixLayoutCreate(lc, ctype, (uint64_t)key->m,
                                                    (uint64_t)key->n, key->ldc));
     if (key->batch > 1) {
         if (set_layout_batch(st, *lx, key->batch, key->sx) < 0 ||
@@ -369,7 +414,7 @@ lt_pref_create(cl_state *st, const cl_mm_key *key, cublasLtMatmulPreference_t *p
     CL_CUBLAS_CHECK(st, cublasLtMatmulPreferenceSetAttribute(
                             *pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->align_c,
                             sizeof key->align_c));
-    if (key->dtype == CL_FLOAT16 || key->dtype == CL_BFLOAT16) {
+    if ((key->dtype == CL_FLOAT16 || key->dtype == CL_BFLOAT16) && !key->out_f32) {
         /* Split-K partial sums stay in fp32: no reduction in the output type
          * (INPLACE reduces through the output buffer, hence its type too). */
         uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -485,22 +530,39 @@ cl_mm_prepare(cl_state *st, const cl_mm_key *key, cudaStream_t stream, cl_mm_exe
 
 /* ---- the product ------------------------------------------------------------------- */
 
+bool
+cl_mm_uses_lt(const cl_mm_exec *ex)
+{
+    return ex->plan->use_lt;
+}
+
 int
 cl_mm_run(cl_state *st, const cl_mm_exec *ex, const void *x, const void *y, void *c)
+{
+    return cl_mm_run_args(st, ex, x, y, c, NULL);
+}
+
+int
+cl_mm_run_args(cl_state *st, const cl_mm_exec *ex, const void *x, const void *y, void *c,
+               const cl_mm_args *args)
 {
     mm_handle *h = ex->handle;
     mm_plan *p = ex->plan;
     const cl_mm_key *k = &p->key;
-    double alpha64 = 1.0, beta64 = 0.0;
-    float alpha32 = 1.0f, beta32 = 0.0f;
+    bool acc = args != NULL && args->accumulate;
+    double alpha64 = 1.0, beta64 = acc ? 1.0 : 0.0;
+    float alpha32 = 1.0f, beta32 = acc ? 1.0f : 0.0f;
     bool f64 = k->dtype == CL_FLOAT64;
     const void *alpha = f64 ? (const void *)&alpha64 : (const void *)&alpha32;
     const void *beta = f64 ? (const void *)&beta64 : (const void *)&beta32;
     if (p->use_lt) {
+        if (args != NULL && lt_desc_pointers(st, p->desc, args->bias, args->aux) < 0) {
+            return -1;
+        }
         cublasStatus_t status =
             cublasLtMatmul(h->lt, p->desc, alpha, x, p->lx, y, p->ly, beta, c, p->lc, c, p->lc,
                            &p->algo, h->workspace, WORKSPACE_BYTES, h->stream);
-        if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED || k->epilogue != 0) {
             CL_CUBLAS_CHECK(st, status);
             return 0;
         }
@@ -508,14 +570,20 @@ cl_mm_run(cl_state *st, const cl_mm_exec *ex, const void *x, const void *y, void
         plan_release(p);
         p->used = true;
     }
+    if (k->epilogue != 0) {
+        PyErr_SetString(st->CudalabError,
+                        "cuBLASLt has no algorithm for this product with its fused epilogue");
+        return -1;
+    }
     cudaDataType type = cuda_type((cl_dtype)k->dtype);
+    cudaDataType ctype = k->out_f32 ? CUDA_R_32F : type;
     if (prepare_blas(st, h) < 0) {
         return -1;
     }
     CL_CUBLAS_CHECK(st, cublasGemmStridedBatchedEx_64(
                             h->blas, (cublasOperation_t)k->opx, (cublasOperation_t)k->opy, k->m,
                             k->n, k->k, alpha, x, type, k->ldx, k->sx, y, type, k->ldy, k->sy,
-                            beta, c, type, k->ldc, k->sc, k->batch,
+                            beta, c, ctype, k->ldc, k->sc, k->batch,
                             (cublasComputeType_t)k->compute, CUBLAS_GEMM_DEFAULT));
     return 0;
 fail:

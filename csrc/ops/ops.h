@@ -6,6 +6,9 @@
  *   transpose.c    the teaching versions of the 2-D transpose
  *   random.c       the device RNG (Philox)
  *   matmul.c       cuBLAS / cuBLASLt GEMMs (matmul_plan.c: handles, plan cache)
+ *   linear.c       nn Linear: forward and backward GEMMs with fused epilogues
+ *   optim.c        fused multi-tensor unscale, loss-scale update, SGD, AdamW
+ *   loss.c         nn: the fused softmax cross-entropy (forward + backward)
  */
 #ifndef CUDALAB_OPS_OPS_H
 #define CUDALAB_OPS_OPS_H
@@ -19,6 +22,9 @@ extern PyMethodDef cl_reduce_methods[];      /* ops/reduce.c (also softmax) */
 extern PyMethodDef cl_transpose_methods[];   /* ops/transpose.c */
 extern PyMethodDef cl_random_methods[];      /* ops/random.c */
 extern PyMethodDef cl_blas_methods[];        /* ops/matmul.c */
+extern PyMethodDef cl_nn_linear_methods[];   /* ops/linear.c */
+extern PyMethodDef cl_optim_methods[];       /* ops/optim.c (nn: scaler, optimizers) */
+extern PyMethodDef cl_loss_methods[];        /* ops/loss.c (nn) */
 
 /* DeviceArray's number protocol (array/array.c's slots point here). Binary slots
  * receive operands in either order and return Py_NotImplemented for types

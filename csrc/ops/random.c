@@ -18,29 +18,6 @@
 
 /* ---- scalar arguments --------------------------------------------------- */
 
-/* A finite real number (int, float, NumPy real scalar; not complex or str). */
-static int
-parse_real(PyObject *obj, const char *func, const char *param, double *out)
-{
-    if (PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) || PyUnicode_Check(obj) ||
-        PyBytes_Check(obj) || (!PyFloat_Check(obj) && !PyIndex_Check(obj) &&
-                               Py_TYPE(obj)->tp_as_number == NULL)) {
-        return cl_arg_error(PyExc_TypeError, func, param, "expected a real number, got %.100s",
-                            Py_TYPE(obj)->tp_name);
-    }
-    double v = PyFloat_AsDouble(obj);
-    if (v == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return cl_arg_error(PyExc_TypeError, func, param, "expected a real number, got %.100s",
-                            Py_TYPE(obj)->tp_name);
-    }
-    if (!isfinite(v)) {
-        return cl_arg_error(PyExc_ValueError, func, param, "must be finite, got %R", obj);
-    }
-    *out = v;
-    return 0;
-}
-
 /* Where an int argument lies (classify_int). */
 enum { INT_S64, INT_U64, INT_ABOVE, INT_BELOW };
 
@@ -163,7 +140,7 @@ static int
 parse_param(rand_call *c, int i, double *out)
 {
     const char *param = c->spec->keywords[i];
-    return c->argv[i] == NULL ? 0 : parse_real(c->argv[i], c->spec->name, param, out);
+    return c->argv[i] == NULL ? 0 : cl_parse_real(c->argv[i], c->spec->name, param, out);
 }
 
 /* The arguments every entry point shares: shape, seed, offset, dtype, and

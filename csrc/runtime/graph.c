@@ -425,3 +425,22 @@ cl_graph_init(PyObject *module, cl_state *st)
     }
     return 0;
 }
+
+PyDoc_STRVAR(is_current_stream_capturing_doc,
+"is_current_stream_capturing()\n--\n\n"
+"True while this thread captures a CUDA graph (inside ``with cudalab.graph(...)``\n"
+"or between ``CUDAGraph.capture_begin`` and ``capture_end``), as\n"
+"torch.cuda.is_current_stream_capturing(). Work that must not be captured\n"
+"(timing, host reads) checks it first.");
+
+static PyObject *
+is_current_stream_capturing(PyObject *module, PyObject *unused)
+{
+    return PyBool_FromLong(cl_graph_thread_capturing());
+}
+
+PyMethodDef cl_graph_methods[] = {
+    {"is_current_stream_capturing", is_current_stream_capturing, METH_NOARGS,
+     is_current_stream_capturing_doc},
+    {NULL, NULL, 0, NULL},
+};

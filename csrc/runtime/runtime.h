@@ -64,6 +64,7 @@ bool cl_graph_thread_capturing(void);
  * `what` (e.g. "synchronizing the device") would invalidate the capture.
  * Call it before the CUDA call that would. */
 int cl_refuse_while_capturing(cl_state *st, const char *func, const char *what);
+extern PyMethodDef cl_graph_methods[]; /* is_current_stream_capturing */
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 

@@ -93,7 +93,23 @@
       "As numpy.where with three arguments: `cond` of any dtype is read for its\n"             \
       "truth (non-zero, NaN included), the result dtype is NumPy's promotion of\n"             \
       "a and b (Python scalars weak; two Python scalars give bool, int64 or\n"                 \
-      "float64), and all three broadcast.")
+      "float64), and all three broadcast.")                                                    \
+    X(RELU_GRAD, relu_grad, GRAD, 2, NO_BOOL, b <= C(0) ? C(0) : a,                            \
+      "ReLU's backward: `grad` where ``x > 0``, else 0.\n\n"                                   \
+      "As torch's threshold_backward: 0 at ``x == 0``, and `grad` where `x` is\n"              \
+      "NaN (NaN is not ``<= 0``). Result dtype: NumPy's promotion of grad and x.")             \
+    X(GELU_GRAD, gelu_grad, GELU_GRAD, 2, FLOAT,                                               \
+      a * (C(0.5) * (C(1) + erf(b * C(0.70710678118654752))) +                                 \
+           b * C(0.39894228040143264) * exp(C(-0.5) * b * b)),                                 \
+      "GELU's backward: ``grad * d/dx gelu(x)``, as torch.ops.aten.gelu_backward.\n\n"        \
+      "``approximate='none'``: ``Phi(x) + x phi(x)`` (Phi, phi: the standard\n"                \
+      "normal CDF and density); ``approximate='tanh'``, with\n"                                 \
+      "``t = tanh(sqrt(2/pi) (x + 0.044715 x^3))``:\n"                                          \
+      "``0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)``.\n"                  \
+      "float16/bfloat16 are computed in float32; result dtypes as for gelu.")                  \
+    X(GELU_GRAD_TANH, gelu_grad, NONE, 2, FLOAT,                                               \
+      a * gelu_tanh_slope(b, tanh(C(0.79788456080286536) * (b + C(0.044715) * b * b * b))),    \
+      "")
 
 /* The Python signatures (csrc/ops/elementwise.c writes their parameter
  * lists and docstring sections). */
@@ -105,6 +121,8 @@ typedef enum cl_ew_sig {
     CL_EW_SIG_GELU,     /* (a, approximate='none', out=None) */
     CL_EW_SIG_CLAMP,    /* (a, lo=None, hi=None, out=None) */
     CL_EW_SIG_WHERE,    /* (cond, a, b, out=None) */
+    CL_EW_SIG_GRAD,     /* (grad, x, out=None): an activation's backward */
+    CL_EW_SIG_GELU_GRAD, /* (grad, x, approximate='none', out=None) */
 } cl_ew_sig;
 
 /* Result dtype rules (NumPy 2 promotion, NEP 50, of the operands first). */
@@ -270,6 +288,16 @@ power(C a, C b)
         }
         return (C)result;
     }
+}
+
+/* d/dx of the tanh-form GELU, 0.5 x (1 + t(x)), given t = tanh(u(x)) with
+ * u = k (x + 0.044715 x^3), k = sqrt(2/pi): 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x),
+ * u'(x) = k (1 + 3 * 0.044715 x^2). t is passed in so tanh runs once. */
+template <typename C> __device__ __forceinline__ C
+gelu_tanh_slope(C x, C t)
+{
+    const C du = C(0.79788456080286536) * (C(1) + C(0.134145) * x * x);
+    return C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du;
 }
 
 } /* namespace cl_ew */

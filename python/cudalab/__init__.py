@@ -26,6 +26,7 @@ from ._core import (
     argmax,
     ascontiguousarray,
     asarray,
+    copyto,
     asnumpy,
     current_device,
     device_count,
@@ -85,7 +86,8 @@ from .devices import (
 from .memory import memory_summary
 from . import random
 # Streams, events, CUDA graphs.
-from ._core import CUDAGraph, Event, Stream, current_stream, default_stream
+from ._core import (CUDAGraph, Event, Stream, current_stream, default_stream,
+                    is_current_stream_capturing)
 from .streams import graph, stream
 # Measurement (issue 5): the timing harness and measured ceilings.
 from . import bench
@@ -108,6 +110,7 @@ __all__ = [
     "argmax",
     "ascontiguousarray",
     "asarray",
+    "copyto",
     "asnumpy",
     "current_device",
     "device",
@@ -163,22 +166,25 @@ __all__ += [  # streams, events, CUDA graphs
     "current_stream",
     "default_stream",
     "graph",
+    "is_current_stream_capturing",
     "stream",
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
 __all__ += ["bench", "lessons"]  # measurement, the lessons
+__all__ += ["nn"]  # layers, optimizers, loss scaling (loaded lazily)
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
 __all__ += ["profiler"]  # op profiler
 
 
 if _TYPE_CHECKING:
     from . import lessons  # noqa: F401  (for type checkers; loaded lazily below)
+    from . import nn  # noqa: F401
 
 
 def __getattr__(name: str):
-    # The lessons (17 modules) load on first use, not with every `import cudalab`.
-    if name == "lessons":
+    # The lessons (17 modules) and nn load on first use, not with every `import cudalab`.
+    if name in ("lessons", "nn"):
         import importlib
 
-        return importlib.import_module(f"{__name__}.lessons")
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -117,6 +117,7 @@ class DeviceArray:
 def asarray(obj: Any, dtype: _DTypeLike | None = None, non_blocking: bool = False) -> DeviceArray: ...
 def asnumpy(a: DeviceArray) -> np.ndarray[Any, Any]: ...
 def ascontiguousarray(a: DeviceArray) -> DeviceArray: ...
+def copyto(dst: DeviceArray, src: DeviceArray) -> None: ...  # np.copyto, 'same_kind'
 def empty(shape: _ShapeLike, dtype: _DTypeLike = ...) -> DeviceArray: ...
 def zeros(shape: _ShapeLike, dtype: _DTypeLike = ...) -> DeviceArray: ...
 def ones(shape: _ShapeLike, dtype: _DTypeLike = ...) -> DeviceArray: ...
@@ -153,6 +154,35 @@ def get_float32_matmul_precision() -> str: ...  # "highest" (default) | "high" (
 def set_matmul_padding(mode: str | bool) -> None: ...  # "auto" | True | False
 def get_matmul_padding() -> str | bool: ...  # "auto" (default) | True | False
 def _set_matmul_backend(dtype: _DTypeLike, backend: str) -> str: ...  # "lt" | "cublas"; the previous
+
+# ---- nn Linear on cuBLASLt with fused epilogues (csrc/ops/linear.c) ---------------
+
+def _nn_linear(
+    x: DeviceArray,  # (..., in)
+    weight: DeviceArray,  # (out, in)
+    bias: DeviceArray | None = None,  # (out,), x's dtype
+    activation: str | None = None,  # None | "relu" | "gelu" (tanh form)
+    out: DeviceArray | None = None,  # (..., out)
+    aux: DeviceArray | None = None,  # gelu: pre-activation (..., out); relu: uint8 bit mask
+    precision: str | None = None,  # "highest" | "high" (float32)
+) -> DeviceArray: ...
+def _nn_linear_backward_input(
+    grad_y: DeviceArray,  # (..., out)
+    weight: DeviceArray,  # (out, in)
+    out: DeviceArray | None = None,  # (..., in)
+    aux: DeviceArray | None = None,  # the previous layer's aux
+    activation: str | None = None,  # the previous layer's activation
+    bias_grad: DeviceArray | None = None,  # (in,), the previous layer's bias gradient
+    precision: str | None = None,
+) -> DeviceArray: ...
+def _nn_linear_backward_weight(
+    grad_y: DeviceArray,  # (..., out)
+    x: DeviceArray,  # (..., in)
+    out: DeviceArray | None = None,  # (out, in)
+    bias_grad: DeviceArray | None = None,  # (out,), overwritten
+    accumulate: bool = False,  # out += grad_y.T @ x
+    precision: str | None = None,
+) -> DeviceArray: ...
 
 # ---- transpose and device random numbers (csrc/ops/transpose.c, random.c) ----
 
@@ -238,8 +268,24 @@ def clamp(
 def where(
     cond: DeviceArray, a: _Operand, b: _Operand, out: DeviceArray | None = None
 ) -> DeviceArray: ...  # a where cond, else b
+def relu_grad(grad: _Operand, x: _Operand, out: DeviceArray | None = None) -> DeviceArray: ...
+def gelu_grad(
+    grad: _Operand, x: _Operand, approximate: str = "none", out: DeviceArray | None = None
+) -> DeviceArray: ...  # grad * d/dx gelu(x)
 def _elementwise_functions() -> tuple[str, ...]: ...
 def _elementwise_result_type(func: str, *operands: object) -> np.dtype: ...
+
+# ---- nn losses (csrc/ops/loss.c, cuda/ops/cross_entropy.cu) ------------------------------
+
+def _nn_cross_entropy(
+    logits: DeviceArray,
+    labels: DeviceArray,
+    grad: DeviceArray | None = None,
+    reduction: str = "mean",
+    loss_scale: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    ignore_index: int | None = -100,
+) -> DeviceArray: ...  # 0-d float32 ('mean', 'sum') or (N,) float32 ('none')
 
 # ---- streams, events, CUDA graphs (csrc/runtime/stream.c, graph.c) ------------------------
 
@@ -284,6 +330,7 @@ class CUDAGraph:
     def replay(self) -> None: ...
     def reset(self) -> None: ...
 
+def is_current_stream_capturing() -> bool: ...
 def current_stream(device: int | None = None) -> Stream: ...
 def default_stream(device: int | None = None) -> Stream: ...
 
@@ -311,3 +358,28 @@ def _profiler_range_begin(name: str) -> tuple[int, int, bool] | None: ...  # tok
 def _profiler_range_end(token: tuple[int, int, bool] | None) -> None: ...
 def _nvtx_set_enabled(enabled: bool) -> bool: ...  # returns the previous setting
 def _nvtx_is_enabled() -> bool: ...
+
+
+# ---- nn: fused multi-tensor scaler and optimizer kernels (csrc/ops/optim.c) ------------
+# In place, on the current stream, no host synchronization; lists are lists or
+# tuples of C-contiguous DeviceArrays; every device scalar is a 1-element array.
+
+_Arrays = Union[list[DeviceArray], tuple[DeviceArray, ...]]
+
+def _nn_unscale_(grads: _Arrays, inv_scale: DeviceArray, found_inf: DeviceArray) -> None: ...
+def _nn_update_scale_(
+    scale: DeviceArray, growth_tracker: DeviceArray, found_inf: DeviceArray,
+    growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000,
+) -> None: ...
+def _nn_sgd_(
+    params: _Arrays, grads: _Arrays, momentum_buffers: _Arrays | None, lr: float | DeviceArray,
+    momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+    nesterov: bool = False, found_inf: DeviceArray | None = None,
+    grad_scale: DeviceArray | None = None, first_step: bool = False,
+) -> None: ...
+def _nn_adamw_(
+    params: _Arrays, grads: _Arrays, exp_avgs: _Arrays, exp_avg_sqs: _Arrays, step: DeviceArray,
+    lr: float | DeviceArray, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+    weight_decay: float = 0.01, found_inf: DeviceArray | None = None,
+    grad_scale: DeviceArray | None = None,
+) -> None: ...

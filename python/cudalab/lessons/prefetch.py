@@ -8,7 +8,8 @@ pinned staging buffer and copies it on a side stream while the GPU works on
 batch i: an event orders the consumer's stream after the copy, the batch's
 memory is recorded on the consumer's stream so its free waits for the
 consumer, and a staging buffer is refilled only once the copy that read it
-is done.
+is done. That mechanism is cudalab.prefetch's (StagingRing, Prefetcher), the
+one nn.ArrayLoader trains from; here it is driven through cudalab and PyTorch.
 
 The tutorial's prefetcher calls ``next(iter(loader))`` for every batch: it
 restarts the loader each time (here: batch 0 again, prepared into the next
@@ -25,6 +26,8 @@ import numpy as np
 
 import cudalab
 from cudalab.bench import host_clock, host_measurement
+from cudalab.prefetch import CudalabCalls, StagingRing
+from cudalab.prefetch import Prefetcher as SharedPrefetcher
 
 from ._measuring import rel_error
 from ._overlap import overlap
@@ -71,68 +74,32 @@ class HostLoader:
     """An iterable over (index, host batch), like a DataLoader without workers.
 
     Without `pinned`, every batch is a new pageable array. With it, batches
-    are prepared into a ring of SLOTS pinned staging buffers that the loader
-    allocates once (page-locking is slow, and freeing pinned memory waits for
-    the whole device) and that every iterator shares, so a restarted
-    iterator takes the next buffer of the ring, not a new one. A buffer is
-    refilled only after the event its last reader handed to `release`.
+    are prepared into the loader's ring of SLOTS pinned staging buffers
+    (cudalab.prefetch.StagingRing: allocated once, since page-locking is slow
+    and freeing pinned memory waits for the whole device) that every
+    iterator shares, so a restarted iterator takes the next buffer of the
+    ring, not a new one. A buffer is refilled only after the event its last
+    reader handed to `release`.
     """
 
     def __init__(self, source: BatchSource, pinned: bool, pinned_empty: Any = None) -> None:
         self.source, self.pinned = source, pinned
-        make = pinned_empty or (lambda shape: cudalab.pinned_empty(shape, np.float32))
-        self.slots = [make(source.shape) for _ in range(SLOTS)] if pinned else []
-        self.read_by: list[Any] = [None] * len(self.slots)  # event of the copy reading slot j
-        self.turn = 0  # the slot filled next
+        allocate = None if pinned_empty is None else (lambda shape, dtype: pinned_empty(shape))
+        self.ring = StagingRing([(source.shape, np.float32)], SLOTS, allocate=allocate)
 
     def release(self, host: np.ndarray, event: Any) -> None:
         """`host`, if one of the staging buffers, may be refilled once `event` completed."""
-        for j, slot in enumerate(self.slots):
-            if slot is host:
-                self.read_by[j] = event
-
-    def _staging(self) -> np.ndarray:
-        j, self.turn = self.turn, (self.turn + 1) % SLOTS
-        if self.read_by[j] is not None:
-            self.read_by[j].synchronize()  # the copy that read it is done
-            self.read_by[j] = None
-        return self.slots[j]
+        self.ring.release(host, event)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         src = self.source
         for i in range(src.batches):
-            out = self._staging() if self.pinned else np.empty(src.shape, np.float32)
+            out = self.ring.acquire()[0] if self.pinned else np.empty(src.shape, np.float32)
             yield i, src.prepare(i, out)
 
 
-class Cudalab:
-    """The few calls the prefetcher makes, through cudalab (`Torch` is the same through PyTorch)."""
-
-    name = "cudalab"
-
-    @staticmethod
-    def Stream() -> Any:  # noqa: N802 - the name of the class it makes
-        return cudalab.Stream()
-
-    @staticmethod
-    def current_stream() -> Any:
-        return cudalab.current_stream()
-
-    @staticmethod
-    def synchronize() -> None:
-        cudalab.synchronize()
-
-    @staticmethod
-    def stream(s: Any) -> Any:
-        return s
-
-    @staticmethod
-    def upload(host: np.ndarray, non_blocking: bool) -> Any:
-        return cudalab.asarray(host, non_blocking=non_blocking)
-
-    @staticmethod
-    def record(s: Any) -> Any:
-        return s.record_event()
+# The calls the prefetcher makes, through cudalab (`Torch` is the same through PyTorch).
+Cudalab = CudalabCalls
 
 
 class Torch:
@@ -166,50 +133,32 @@ class Torch:
         return event
 
 
-class Prefetcher:
+def _restarting(loader: HostLoader) -> Iterator[tuple[int, np.ndarray]]:
+    """The tutorial's ``next(iter(loader))`` for every batch: each one starts a new epoch."""
+    while True:
+        first = next(iter(loader), None)
+        if first is None:
+            return
+        yield first
+
+
+class Prefetcher(SharedPrefetcher):
     """Batches uploaded one ahead on a side stream: ``for i, batch in Prefetcher(loader, api)``.
 
-    With ``restart=True`` it reproduces the tutorial's bug: every preload
-    calls ``next(iter(loader))``, which starts a new epoch (and never ends).
+    cudalab.prefetch.Prefetcher over the loader's batches, each staging
+    buffer released after its copy. With ``restart=True`` it reproduces the
+    tutorial's bug: every preload calls ``next(iter(loader))``, which starts
+    a new epoch (and never ends).
     """
 
     def __init__(self, loader: HostLoader, api: Any, restart: bool = False) -> None:
-        self.loader, self.api, self.restart = loader, api, restart
-        self.it = None if restart else iter(loader)  # one iterator for the whole epoch
-        self.side = api.Stream()
-        self.pending: tuple[int, Any, Any] | None = None
-        self._preload()
-
-    def _preload(self) -> None:
-        try:
-            i, host = next(iter(self.loader)) if self.restart else next(self.it)
-        except StopIteration:
-            self.pending = None
-            return
-        with self.api.stream(self.side):
-            batch = self.api.upload(host, non_blocking=True)
-            copied = self.api.record(self.side)
-        self.loader.release(host, copied)  # its staging buffer is reused after the copy
-        self.pending = (i, batch, copied)
-
-    def __iter__(self) -> Prefetcher:
-        return self
-
-    def __next__(self) -> tuple[int, Any]:
-        if self.pending is None:
-            raise StopIteration
-        i, batch, event = self.pending
-        consumer = self.api.current_stream()
-        consumer.wait_event(event)     # the consumer's work starts after the copy
-        batch.record_stream(consumer)  # and the batch's free waits for that work
-        self._preload()
-        return i, batch
+        batches = _restarting(loader) if restart else loader
+        super().__init__(batches, ahead=1, release=loader.release, calls=api)
 
 
-def synchronous(loader: HostLoader, api: Any) -> Iterator[tuple[int, Any]]:
+def synchronous(loader: HostLoader, api: Any) -> SharedPrefetcher:
     """Batches uploaded when asked for: the copy completes before the call returns."""
-    for i, host in loader:
-        yield i, api.upload(host, non_blocking=False)
+    return SharedPrefetcher(loader, ahead=0, calls=api)
 
 
 # ---- the lesson ------------------------------------------------------------------------------

@@ -1,133 +1,108 @@
 """Lesson 8 `profiling`: where the time of a training step goes.
 
-A two-layer MLP (matmul, bias, ReLU, matmul, squared-error loss) runs its
-forward pass and a hand-written backward pass with cudalab ops: the weight
-gradients are matmuls with `.T` views, the ReLU gradient is a `where` on the
-activation, the bias gradients are sums over the batch axis. The step runs
-under `cudalab.profiler.profile()`; the lesson shows the busiest ops, the
-share of GPU time spent in GEMMs, element-wise ops and reductions, writes a
-Chrome trace, and checks two things: the gradients against NumPy in float64,
-and the profiler's op total against the step timed as a whole with CUDA
-events (the profiler's table is only useful if it accounts for the time).
+A real :mod:`cudalab.nn` training step runs under ``cudalab.profiler.profile()``:
+an MLP's forward pass (cuBLASLt GEMMs with the bias and GELU fused in), the
+fused softmax cross-entropy and its gradient, the backward GEMMs (the GELU
+derivative and the bias gradients fused in), and one fused multi-tensor AdamW
+step over every parameter, in the precision asked for (bf16 by default: the
+float32 master weights are cast in, and the weight gradients leave the GEMMs
+in float32; fp16 adds a loss scaler's unscale and update). The lesson shows the
+busiest ops and the share of GPU time per kind of op (GEMM, loss, optimizer,
+cast, element-wise, reduction), says whether the GEMMs dominate, what the optimizer costs and
+whether the host or the GPU sets the pace, writes a Chrome trace, and checks
+that the profiler's op total matches the same steps timed whole with CUDA
+events (a profile is only useful if it accounts for the time), and that the
+step's loss, gradients and AdamW update equal a float64 NumPy step's.
+PyTorch runs the same MLP from the same weights on the same batch beside it.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import tempfile
-import types
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 import cudalab
+from cudalab import nn
+from cudalab.nn import reference
+
 from ..bench import Measurement
 from ..devices import get_device_properties
+from . import _training as T
+from ._measuring import rel_error
 from .registry import LessonRun, lesson
 
-# Op names by kind; element-wise ops are the op table's names.
-GEMM_OPS = frozenset({"matmul"})
+# Op names as the profiler records them, by kind. The nn ops are private entry points
+# (cudalab.nn's layers, loss and optimizers call them); element-wise ops are the op table's.
+GEMM_OPS = frozenset({"_nn_linear", "_nn_linear_backward_input", "_nn_linear_backward_weight",
+                      "matmul"})
+LOSS_OPS = frozenset({"_nn_cross_entropy"})
+OPTIMIZER_OPS = frozenset({"_nn_adamw_", "_nn_sgd_", "_nn_unscale_", "_nn_update_scale_"})
 REDUCTION_OPS = frozenset({"sum", "mean", "max", "min", "argmax", "softmax", "log_softmax"})
+# Copies, with or without a change of dtype (cudalab.nn casts through copyto).
+CAST_OPS = frozenset({"copyto", "astype", "copy", "ascontiguousarray"})
+CATEGORIES = ("gemm", "loss", "optimizer", "cast", "element-wise", "reduction", "other")
+# The hold's spin kernel: the profiler records it like any op, but it is not part of the step.
+HOLD_OP = "_spin"
 
 # The profiler's op GPU time per step must be within this fraction of the step
 # timed whole with CUDA events: more means the table misses or double-counts work.
 PROFILE_MATCH_TOLERANCE = 0.15
-# GEMMs at or above this share of GPU time "dominate": the step is compute-bound
-# and faster element-wise code would buy little.
+# GEMMs at or above this share of GPU time "dominate": the step is bound by matmul
+# throughput and faster element-wise code would buy little.
 GEMM_DOMINATES = 0.5
-# Host time per step above this multiple of its GPU time: Python issues ops
+# An optimizer share at or above this is worth a sentence: its one pass over every
+# parameter, grad and moment does not shrink with the batch.
+OPTIMIZER_NOTABLE = 0.1
+# Host time per step above this multiple of its GPU time: Python issues the ops
 # slower than the GPU runs them (launch-bound).
 LAUNCH_BOUND_RATIO = 1.0
 # The profiled steps are queued behind a spin kernel lasting this many times
 # their unprofiled enqueue time (the profiler slows enqueueing), at most HOLD_MAX_S.
 HOLD_MARGIN = 4.0
 HOLD_MAX_S = 0.5
-# float32 (full-precision GEMM) gradients against float64: relative error bound.
+
+# The step checked against float64 NumPy: true float32 GEMMs, an odd batch, and layer
+# sizes that are multiples of 8 (what cuBLASLt's fused epilogues need, see nn.Linear) but
+# of no power of two above it, so no GEMM tile fits exactly.
+CHECK_BATCH = 67
+CHECK_SIZES = (40, 88, 56, 24)
+CHECK_LR = 1e-3
+# float32 (full-precision GEMM) loss and gradients against float64: relative error bound.
 GRAD_TOLERANCE = 1e-4
-# Sizes of the gradient check: small and odd, so no tile fits exactly.
-CHECK_SIZES = (67, 45, 93, 21)
+# One float32 AdamW update against float64 from the same gradients (max |diff| / max |param|).
+ADAMW_TOLERANCE = 1e-5
+# PyTorch's first loss against ours (same weights, same batch), per precision.
+TORCH_LOSS_TOL = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 3e-2}
+# fp16's loss scaler starts where PyTorch's does; the scale grows after this many clean steps.
+INIT_SCALE = 2.0**16
+GROWTH_INTERVAL = 2000
+
+ROW_KEYS = ("kind", "impl", "op", "category", "calls_per_step", "gpu_ms_per_step", "gpu_pct",
+            "host_ms_per_step", "tflops", "gbps")
 
 
-# ---- the MLP, written once for any array library ----------------------------------
-
-
-def mlp_step(ops: Any, x: Any, y: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> tuple:
-    """Forward and backward of ``loss = sum((relu(x w1 + b1) w2 + b2 - y)**2) / (2 batch)``.
-
-    `ops` provides ``matmul``, ``relu``, ``sum(a, axis=None)`` and
-    ``where(cond, a, b)`` (cond nonzero); arrays need ``.T``, ``+ - *`` and
-    ``shape``. Returns ``(loss, (dw1, db1, dw2, db2), h)``.
-    """
-    batch = x.shape[0]
-    h = ops.relu(ops.matmul(x, w1) + b1)
-    diff = ops.matmul(h, w2) + b2 - y
-    loss = ops.sum(diff * diff) * (0.5 / batch)
-    dout = diff * (1.0 / batch)
-    dw2 = ops.matmul(h.T, dout)
-    db2 = ops.sum(dout, axis=0)
-    dz1 = ops.where(h, ops.matmul(dout, w2.T), 0.0)  # ReLU passes gradient where h > 0
-    dw1 = ops.matmul(x.T, dz1)
-    db1 = ops.sum(dz1, axis=0)
-    return loss, (dw1, db1, dw2, db2), h
-
-
-def numpy_ops() -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        matmul=np.matmul, relu=lambda a: np.maximum(a, 0.0),
-        sum=lambda a, axis=None: np.sum(a, axis=axis),
-        where=lambda c, a, b: np.where(c != 0, a, b))
-
-
-def cudalab_ops() -> types.SimpleNamespace:
-    # Full float32 precision whatever the process-wide TF32 setting is.
-    return types.SimpleNamespace(
-        matmul=functools.partial(cudalab.matmul, precision="highest"), relu=cudalab.relu,
-        sum=lambda a, axis=None: cudalab.sum(a, axis=axis), where=cudalab.where)
-
-
-def torch_ops(torch: Any) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        matmul=torch.matmul, relu=torch.relu,
-        sum=lambda a, axis=None: torch.sum(a) if axis is None else torch.sum(a, dim=axis),
-        where=lambda c, a, b: torch.where(c != 0, a, b))
-
-
-def mlp_inputs(rng: np.random.Generator, batch: int, d_in: int, hidden: int,
-               d_out: int) -> list[np.ndarray]:
-    """x, y, w1, b1, w2, b2 in float32, weights scaled so activations stay O(1)."""
-    def normal(shape: tuple[int, ...], scale: float) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    return [normal((batch, d_in), 1.0), normal((batch, d_out), 1.0),
-            normal((d_in, hidden), d_in ** -0.5), normal((hidden,), 0.1),
-            normal((hidden, d_out), hidden ** -0.5), normal((d_out,), 0.1)]
-
-
-def step_flops(batch: int, d_in: int, hidden: int, d_out: int) -> int:
-    """FLOPs of the step's five matmuls: two forward, three backward (no gradient for x)."""
-    return 2 * (2 * batch * d_in * hidden + 3 * batch * hidden * d_out)
-
-
-# ---- what the profile says ------------------------------------------------------
+# ---- what the profile says (pure functions, tested on the CPU) -----------------------------
 
 
 def op_category(name: str, elementwise: frozenset[str]) -> str:
-    """``"gemm"``, ``"element-wise"``, ``"reduction"`` or ``"other"``."""
-    if name in GEMM_OPS:
-        return "gemm"
-    if name in elementwise:
-        return "element-wise"
-    if name in REDUCTION_OPS:
-        return "reduction"
+    """One of `CATEGORIES` for an op name."""
+    for category, names in (("gemm", GEMM_OPS), ("loss", LOSS_OPS),
+                            ("optimizer", OPTIMIZER_OPS), ("cast", CAST_OPS),
+                            ("element-wise", elementwise),
+                            ("reduction", REDUCTION_OPS)):
+        if name in names:
+            return category
     return "other"
 
 
 def category_shares(gpu_ns: Mapping[str, float], elementwise: frozenset[str]) -> dict[str, float]:
-    """Fraction of the total GPU time per category, from GPU time per op name."""
+    """Fraction of the total GPU time per category (every one of `CATEGORIES`)."""
     total = float(sum(gpu_ns.values()))
-    shares = {"gemm": 0.0, "element-wise": 0.0, "reduction": 0.0, "other": 0.0}
+    shares = dict.fromkeys(CATEGORIES, 0.0)
     if total <= 0:
         return shares
     for name, ns in gpu_ns.items():
@@ -138,12 +113,67 @@ def category_shares(gpu_ns: Mapping[str, float], elementwise: frozenset[str]) ->
 def bottleneck_text(shares: Mapping[str, float]) -> str:
     """What the category shares say about the step (threshold GEMM_DOMINATES)."""
     gemm = shares.get("gemm", 0.0)
-    rest = 1.0 - gemm
     if gemm >= GEMM_DOMINATES:
-        return (f"GEMMs dominate ({gemm:.0%}): the step is bound by matmul throughput; "
-                f"making every other op free would save at most {rest:.0%}")
-    return (f"GEMMs take only {gemm:.0%}: the memory-bound element-wise and reduction ops "
-            f"({rest:.0%}) are the place to optimise (fusion, fewer passes)")
+        return (f"GEMMs dominate ({gemm:.0%}): the step is bound by matmul throughput; making "
+                f"every other op free would save at most {1.0 - gemm:.0%}")
+    rest = {k: v for k, v in shares.items() if k != "gemm"}
+    name = max(rest, key=rest.get) if rest else "other"
+    return (f"GEMMs take only {gemm:.0%}: the memory-bound ops are the place to optimise, "
+            f"first the {name} ops ({rest.get(name, 0.0):.0%}: fusion, fewer passes)")
+
+
+def count_text(n: int) -> str:
+    """25.2M, or 2,908 below a million."""
+    return f"{n / 1e6:.1f}M" if n >= 1_000_000 else f"{n:,}"
+
+
+def optimizer_text(share: float, parameters: int, batch: int) -> str:
+    """What the optimizer's share means (threshold OPTIMIZER_NOTABLE)."""
+    head = f"the optimizer takes {share:.1%} of the step"
+    if share >= OPTIMIZER_NOTABLE:
+        return (head + f": AdamW reads and writes all {count_text(parameters)} parameters, their "
+                f"grads and two moments once a step whatever the batch, so more rows per step "
+                f"(or gradient accumulation) spread that pass over more samples")
+    return (head + f": at {batch} rows per step the GEMMs' work outweighs one pass over the "
+            f"{count_text(parameters)} parameters")
+
+
+def casts_text(share: float, precision: str) -> str:
+    """What the casts' share is in a step of `precision` (cudalab.nn casts with copyto)."""
+    if nn.PRECISIONS[precision].is_half:
+        return (f"casts take {share:.1%}: in {precision} they copy the float32 master weights "
+                f"(and the float32 input batch) into {precision} before the forward pass; the "
+                f"weight gradients leave the GEMMs in float32, so nothing is cast back, and an "
+                f"optimizer that also wrote the {precision} weight copies would save this pass")
+    return (f"casts take {share:.1%}: in {precision} the GEMMs read the float32 master weights "
+            f"and write the float32 gradients directly, so nothing is cast")
+
+
+def launch_text(host_s: float, gpu_s: float, ops: float) -> str:
+    """Launch-bound or GPU-bound, from host and GPU time per step (threshold LAUNCH_BOUND_RATIO)."""
+    head = (f"issuing one step ({ops:.0f} ops) takes {host_s * 1e3:.3f} ms on the host vs "
+            f"{gpu_s * 1e3:.3f} ms on the GPU")
+    if gpu_s <= 0 or host_s > LAUNCH_BOUND_RATIO * gpu_s:
+        return (head + ": launch-bound, Python issues the ops slower than the GPU runs them; a "
+                "CUDA graph (nn.Trainer(graph=True)) issues the whole step in one launch")
+    return (head + f" ({host_s / gpu_s:.0%}): GPU-bound, the host runs ahead and the GPU never "
+            f"waits for it")
+
+
+def hold_text(gap_s: float) -> str:
+    """Whether the hold outlasted the enqueueing: `gap_s` is the first op's GPU start minus
+    the last step's host end (negative: the GPU began before the host had queued it all)."""
+    if gap_s >= 0:
+        return (f"the GPU began the first step {gap_s * 1e3:.3f} ms after the host had queued "
+                f"the last: the steps ran back to back, with no launch gaps")
+    return (f"the hold ran out {-gap_s * 1e3:.3f} ms before the host had queued every step: "
+            f"launch gaps may count in the window")
+
+
+def hold_seconds(host_per_step: float, steps: int) -> float:
+    """How long to hold the stream so `steps` profiled steps are all queued before
+    the first runs: HOLD_MARGIN times their unprofiled enqueue time plus 1 ms, capped."""
+    return min(HOLD_MAX_S, HOLD_MARGIN * host_per_step * steps + 1e-3)
 
 
 def trace_counts(doc: Mapping[str, Any]) -> tuple[int, int]:
@@ -153,77 +183,194 @@ def trace_counts(doc: Mapping[str, Any]) -> tuple[int, int]:
             sum(e.get("cat") == "gpu_op" for e in events))
 
 
-# ---- the lesson ----------------------------------------------------------------------
+def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
+    """(the MLP's sizes, the precision) from the params; ValueError on a bad one."""
+    sizes = T.check_sizes("profiling", p)
+    T.check_positive("profiling", p, "batch", "warmup_steps", "steps", "top_ops")
+    if p["precision"] not in nn.PRECISIONS:
+        raise ValueError(f"lesson 'profiling': precision must be one of "
+                         f"{', '.join(nn.PRECISIONS)}, got {p['precision']!r}")
+    lr = p["lr"]
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
+        raise ValueError(f"lesson 'profiling': lr must be a number in (0, 1), got {lr!r}")
+    return sizes, p["precision"]
 
 
-def _check_gradients(r: LessonRun, rng: np.random.Generator) -> None:
-    host = mlp_inputs(rng, *CHECK_SIZES)
-    loss, grads, h = mlp_step(cudalab_ops(), *[cudalab.asarray(a) for a in host])
-    mask = h.get() > 0  # the GPU's own ReLU mask: a z1 within rounding of 0 cannot flip it
-    ref_ops = numpy_ops()
-    ref_ops.relu = lambda a: np.where(mask, a, 0.0)
-    ref_loss, ref_grads, _ = mlp_step(ref_ops, *[a.astype(np.float64) for a in host])
-    names = ("dW1", "db1", "dW2", "db2")
-    for name, got, want in zip(names, grads, ref_grads):
-        err = np.max(np.abs(got.get() - want)) / max(np.max(np.abs(want)), 1e-30)
-        r.check(f"MLP gradient {name} ({'x'.join(map(str, want.shape))}) vs NumPy float64",
-                err, GRAD_TOLERANCE)
-    r.check("MLP loss vs NumPy float64", abs(float(loss.get()) - ref_loss) / abs(ref_loss),
-            GRAD_TOLERANCE)
+# ---- the step and its checks ---------------------------------------------------------------
 
 
-def hold_seconds(host_per_step: float, steps: int) -> float:
-    """How long to hold the stream so `steps` profiled steps are all queued before
-    the first runs: HOLD_MARGIN times their unprofiled enqueue time plus 1 ms, capped."""
-    return min(HOLD_MAX_S, HOLD_MARGIN * host_per_step * steps + 1e-3)
+class Training:
+    """The profiled MLP, its AdamW (and GradScaler for fp16) and its one batch."""
+
+    def __init__(self, p: Mapping[str, Any], sizes: tuple[int, ...], x: Any, labels: Any) -> None:
+        self.precision = p["precision"]
+        self.model = nn.MLP(sizes, "gelu", seed=p["seed"])
+        self.opt = nn.AdamW(self.model.parameters(), lr=p["lr"])
+        self.scaler = (nn.GradScaler(INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+                       if nn.PRECISIONS[self.precision].needs_scaler else None)
+        self.x, self.labels = x, labels
+
+    def step(self) -> Any:
+        return nn.train_step(self.model, self.opt, self.x, self.labels, self.precision,
+                             self.scaler)
+
+    def parameters(self) -> int:
+        return sum(int(np.prod(q.value.shape)) for q in self.model.parameters())
 
 
-def _profile(r: LessonRun, args: list, host_per_step: float) -> Any:
+def _check_step(r: LessonRun, rng: np.random.Generator) -> None:
+    """One float32 train_step at small odd sizes against float64 NumPy: the loss, every
+    gradient (at the weights before the step) and the AdamW update (from the GPU's grads)."""
+    model = nn.MLP(CHECK_SIZES, "gelu", seed=r.params["seed"] + 1)
+    opt = nn.AdamW(model.parameters(), lr=CHECK_LR)
+    x = rng.standard_normal((CHECK_BATCH, CHECK_SIZES[0])).astype(np.float32)
+    labels = rng.integers(0, CHECK_SIZES[-1], CHECK_BATCH)
+    before = reference.mlp_params(model)
+    loss = nn.train_step(model, opt, cudalab.asarray(x), cudalab.asarray(labels), "fp32")
+    want_loss, want = reference.loss_and_grads(before, x, labels, "gelu")
+    r.check(f"MLP {'-'.join(map(str, CHECK_SIZES))} on {CHECK_BATCH} rows: fp32 loss vs NumPy "
+            f"float64", rel_error(loss.get(), want_loss), GRAD_TOLERANCE)
+    update = 0.0
+    for i, layer in enumerate(model.layers):
+        for j, (q, name) in enumerate(((layer.weight, "weight"), (layer.bias, "bias"))):
+            got = q.grad.get()
+            r.check(f"MLP gradient {i}.{name} {'x'.join(map(str, got.shape))} vs NumPy float64",
+                    rel_error(got, want[i][j]), GRAD_TOLERANCE)
+            beta1, beta2 = opt.betas
+            step, _, _ = reference.adamw_step(before[i][j], got, 0.0, 0.0, 1, CHECK_LR,
+                                              (beta1, beta2), opt.eps, opt.weight_decay)
+            update = max(update, rel_error(q.value.get(), step))
+    r.check(f"AdamW step of all {2 * len(model.layers)} parameters vs NumPy float64 from the "
+            f"same gradients (max over parameters)", update, ADAMW_TOLERANCE)
+
+
+def _warm_up(r: LessonRun, training: Training) -> float:
+    """The warm-up steps (buffers, cuBLASLt plans, the pool); the first step's loss."""
+    losses = [training.step() for _ in range(r.params["warmup_steps"])]
+    values = np.array([float(x.get()) for x in losses])
+    r.check(f"non-finite losses in {len(values)} warm-up steps",
+            int(np.count_nonzero(~np.isfinite(values))), 0)
+    return float(values[0])
+
+
+def _profile(r: LessonRun, step: Callable[[], Any], host_per_step: float) -> tuple[Any, float]:
     """Profile `steps` steps queued behind a spin kernel, so they run back to back and
     two CUDA events around them time the same work the profiler breaks down."""
     steps = r.params["steps"]
-    ops = cudalab_ops()
-    mlp_step(ops, *args)  # warm: cuBLAS handles and the pool
+    step()
     cudalab.synchronize()
-    clock_hz = get_device_properties(cudalab.current_device()).clock_rate_khz * 1e3
+    index = cudalab.current_device()
+    props = get_device_properties(index)
+    clock_hz = props.clock_rate_khz * 1e3
     start, end = cudalab.Event(), cudalab.Event()
     with cudalab.profiler.profile() as prof:
         cudalab._core._spin(int(hold_seconds(host_per_step, steps) * clock_hz))
         start.record()
         for _ in range(steps):
-            with cudalab.profiler.record_function("mlp step"):
-                mlp_step(ops, *args)
+            with cudalab.profiler.record_function("train step"):
+                step()
         end.record()
         end.synchronize()
     window = start.elapsed_time(end) * 1e-3
-    index = cudalab.current_device()
     r.add(Measurement(label="profiled steps", times=(window / steps,), number_per_run=steps,
-                      device=cudalab.get_device_properties(index).name, device_index=index,
+                      device=props.name, device_index=index,
                       description="CUDA events around the profiled steps",
                       metadata={"timer": "CUDA events around all profiled steps"}))
     return prof, window / steps
 
 
-def _trace_path(p: Mapping[str, Any]) -> str:
-    if p["trace_path"] is not None:
-        return os.fspath(p["trace_path"])
-    return os.path.join(tempfile.mkdtemp(prefix="cudalab_profiling_"), "mlp_step_trace.json")
+# ---- rows and findings -----------------------------------------------------------------------
 
 
-def _op_rows(r: LessonRun, table: list, op_total_ns: int, steps: int,
-             elementwise: frozenset[str]) -> None:
+def _rate(keys: Sequence[Any], field: str, unit: float) -> float | None:
+    """Sum of `field` over `keys` that have it, per second of their GPU time, in `unit`s."""
+    pairs = [(getattr(k, field), k.gpu_time_total_ns) for k in keys
+             if getattr(k, field) is not None and k.gpu_time_total_ns]
+    ns = sum(t for _, t in pairs)
+    return sum(v for v, _ in pairs) / (ns * 1e-9) / unit if ns > 0 else None
+
+
+def _op_rows(r: LessonRun, table: list, total_ns: int, elementwise: frozenset[str]) -> None:
+    steps = r.params["steps"]
     for k in table[:r.params["top_ops"]]:
-        r.row(impl="cudalab", op=k.name, category=op_category(k.name, elementwise),
+        r.row(kind="op", impl="cudalab", op=k.name, category=op_category(k.name, elementwise),
               calls_per_step=k.calls / steps, gpu_ms_per_step=k.gpu_time_total_ns / steps / 1e6,
-              gpu_pct=100.0 * k.gpu_time_total_ns / op_total_ns,
+              gpu_pct=100.0 * k.gpu_time_total_ns / total_ns,
               host_ms_per_step=k.host_time_total_ns / steps / 1e6,
               tflops=k.tflop_per_s, gbps=k.gb_per_s)
+    for category in CATEGORIES:
+        keys = [k for k in table if op_category(k.name, elementwise) == category]
+        if not keys:
+            continue
+        ns = sum(k.gpu_time_total_ns for k in keys)
+        r.row(kind="category", impl="cudalab", op=f"all {category} ops", category=category,
+              calls_per_step=sum(k.calls for k in keys) / steps,
+              gpu_ms_per_step=ns / steps / 1e6, gpu_pct=100.0 * ns / total_ns,
+              host_ms_per_step=sum(k.host_time_total_ns for k in keys) / steps / 1e6,
+              tflops=_rate(keys, "flops", 1e12), gbps=_rate(keys, "bytes", 1e9))
 
 
-def _step_row(r: LessonRun, impl: str, label: str, m: Any) -> None:
-    r.row(impl=impl, op=label, category="whole step", calls_per_step=1.0,
-          gpu_ms_per_step=m.median * 1e3, gpu_pct=None, host_ms_per_step=m.host_time * 1e3,
+def _step_row(r: LessonRun, impl: str, m: Any) -> None:
+    r.row(kind="step", impl=impl, op="whole step (bench, CUDA events)", category="whole step",
+          calls_per_step=1.0, gpu_ms_per_step=m.median * 1e3, gpu_pct=None,
+          host_ms_per_step=None if m.host_time is None else m.host_time * 1e3,
           tflops=m.tflops, gbps=None)
+
+
+def _match_findings(r: LessonRun, prof: Any, per_step: float, event_step: float,
+                    m: Any) -> float:
+    """The profiler's total against the CUDA events (checked), and against the bench."""
+    ratio = per_step / event_step
+    r.check("profiler op GPU time vs the same profiled steps timed whole with CUDA events "
+            "(|ratio - 1|)", abs(ratio - 1.0), PROFILE_MATCH_TOLERANCE)
+    events = prof.events()
+    ranges = [e for e in events if e.kind == "range"]
+    first = min((e.gpu_start_ns for e in events
+                 if e.kind == "op" and e.name != HOLD_OP and e.gpu_start_ns is not None),
+                default=None)
+    held = "" if first is None or not ranges else "; " + hold_text(
+        (first - max(e.host_end_ns for e in ranges)) * 1e-9)
+    r.finding(f"the profiler's ops add up to {per_step * 1e3:.3f} ms of GPU time per step, "
+              f"{ratio:.1%} of the {event_step * 1e3:.3f} ms two CUDA events measure around "
+              f"the same steps" + held, value=ratio, unit="x", labels=("profiled steps",))
+    x = m.median / event_step
+    how = (f"within {PROFILE_MATCH_TOLERANCE:.0%}: profiling hardly changes the GPU time"
+           if abs(x - 1.0) <= PROFILE_MATCH_TOLERANCE else
+           "the profiler's two events per op, or a GPU clock that differs between a short "
+           "burst and sustained load, make the difference")
+    r.finding(f"cudalab.bench times the unprofiled step at {m.median * 1e3:.3f} ms, {x:.3f}x "
+              f"the profiled one: {how}", value=x, unit="x", labels=("train step",
+                                                                      "profiled steps"))
+    return ratio
+
+
+def _breakdown_findings(r: LessonRun, prof: Any, table: list, elementwise: frozenset[str],
+                        training: Training, m: Any) -> Any:
+    """The top op and the category shares; the optimizer; host vs GPU time per step."""
+    steps = r.params["steps"]
+    total_ns = sum(k.gpu_time_total_ns for k in table)
+    shares = category_shares({k.name: k.gpu_time_total_ns for k in table}, elementwise)
+    top = table[0]
+    parts = ", ".join(f"{c} {shares[c]:.1%}" for c in CATEGORIES if shares[c] > 0)
+    r.finding(f"{top.name} is the top op ({100.0 * top.gpu_time_total_ns / total_ns:.1f}% of "
+              f"GPU time, {top.calls / steps:g} calls per step); by kind: {parts}. "
+              + bottleneck_text(shares), value=100.0 * shares["gemm"], unit="%",
+              labels=("profiled steps",))
+    r.finding(optimizer_text(shares["optimizer"], training.parameters(), r.params["batch"]),
+              value=100.0 * shares["optimizer"], unit="%", labels=("profiled steps",))
+    r.finding(casts_text(shares["cast"], training.precision),
+              value=100.0 * shares["cast"], unit="%", labels=("profiled steps",))
+    ops = sum(k.calls for k in table) / steps
+    ranges = [e for e in prof.events() if e.kind == "range"]
+    profiled = sum(e.host_duration_ns for e in ranges) / max(len(ranges), 1) * 1e-9
+    r.finding(launch_text(m.host_time, m.median, ops) + f"; under the profiler issuing a step "
+              f"took {profiled * 1e3:.3f} ms (its two events and record per op)",
+              value=m.host_time / m.median, unit="x", labels=("train step",))
+    if m.percent_of_ceiling is not None:
+        r.finding(f"the step's GEMM FLOPs over its time: {m.tflops:.1f} TFLOP/s, "
+                  f"{m.percent_of_ceiling:.0f}% of this GPU's measured {m.ceiling_name} peak",
+                  value=m.percent_of_ceiling, unit="%", labels=("train step",))
+    return top
 
 
 def _trace_findings(r: LessonRun, prof: Any, path: str) -> None:
@@ -238,116 +385,102 @@ def _trace_findings(r: LessonRun, prof: Any, path: str) -> None:
               f"(open it in ui.perfetto.dev or chrome://tracing)", value=host_ops, unit="events")
 
 
-def _breakdown_findings(r: LessonRun, prof: Any, table: list, per_step: float,
-                        elementwise: frozenset[str]) -> Any:
-    """What the table says: the top op, the category shares, host vs GPU time per step."""
-    steps = r.params["steps"]
-    op_total_ns = sum(k.gpu_time_total_ns for k in table)
-    shares = category_shares({k.name: k.gpu_time_total_ns for k in table}, elementwise)
-    top = table[0]
-    r.finding(f"{top.name} is the top op ({100.0 * top.gpu_time_total_ns / op_total_ns:.1f}% of "
-              f"GPU time, {top.calls // steps} calls per step); GEMM {shares['gemm']:.1%}, "
-              f"element-wise {shares['element-wise']:.1%}, reductions {shares['reduction']:.1%}. "
-              + bottleneck_text(shares), value=100.0 * shares["gemm"], unit="%",
-              labels=("profiled steps",))
+def _trace_path(p: Mapping[str, Any]) -> str:
+    if p["trace_path"] is not None:
+        return os.fspath(p["trace_path"])
+    return os.path.join(tempfile.mkdtemp(prefix="cudalab_profiling_"), "train_step_trace.json")
 
-    step_events = [e for e in prof.events() if e.kind == "range"]
-    host_s = sum(e.host_duration_ns for e in step_events) / max(len(step_events), 1) * 1e-9
-    bound = ("launch-bound: Python issues the ops slower than the GPU runs them"
-             if host_s > LAUNCH_BOUND_RATIO * per_step else
-             "GPU-bound: the host runs ahead and the GPU stays busy")
-    r.finding(f"issuing one profiled step takes {host_s * 1e3:.3f} ms on the host vs "
-              f"{per_step * 1e3:.3f} ms on the GPU: {bound}", value=host_s / per_step, unit="x",
-              labels=("profiled steps",))
-    return top
+
+# ---- the lesson ----------------------------------------------------------------------------
 
 
 @lesson(8, "profiling", title="Profiling an MLP training step",
         seed="Colab notebook lesson 8 (Performance Profiling; its example crashes in backward); "
              "optimization guide: PyTorch Profiler with CUDA",
-        params={"batch": 4096, "d_in": 1024, "hidden": 4096, "d_out": 1024, "steps": 10,
-                "top_ops": 8, "trace_path": None},
-        quick_params={"batch": 2048, "d_in": 512, "hidden": 2048, "d_out": 512, "steps": 3})
+        params={"in_features": 1024, "hidden": (4096, 4096), "classes": 1024, "batch": 4096,
+                "precision": "bf16", "lr": 1e-4, "warmup_steps": 3, "steps": 10, "top_ops": 10,
+                "trace_path": None, "seed": 0},
+        quick_params={"hidden": (2048, 2048), "steps": 3})
 def run(r: LessonRun) -> None:
     p = r.params
-    rng = np.random.default_rng(8)
-    _check_gradients(r, rng)
+    sizes, precision = check_params(p)
+    _check_step(r, np.random.default_rng(8))
 
-    sizes = (p["batch"], p["d_in"], p["hidden"], p["d_out"])
-    host = mlp_inputs(rng, *sizes)
-    args = [cudalab.asarray(a) for a in host]
-    flops = step_flops(*sizes)
-    m = r.measure("mlp step", mlp_step, cudalab_ops(), *args, flops=flops, ceiling=None)
-    prof, event_step = _profile(r, args, m.host_time)
+    [(x, labels)] = T.teacher_batches(sizes, p["batch"], 1, p["seed"])
+    training = Training(p, sizes, x, labels)
+    first_loss = _warm_up(r, training)
+    flops = T.step_flops(sizes, p["batch"])
+    ceiling = None if r.quick else T.MATMUL_CEILINGS[precision]
+    m = r.measure("train step", training.step, flops=flops, ceiling=ceiling,
+                  description=f"one {precision} training step (CUDA events)")
+    prof, event_step = _profile(r, training.step, m.host_time)
 
     elementwise = frozenset(cudalab._core._elementwise_functions())
-    # The hold's spin kernel (a private op, "_spin") is not part of the step.
     table = [k for k in prof.key_averages().sorted("gpu_time_total")
-             if k.kind == "op" and k.gpu_time_total_ns and not k.name.startswith("_")]
-    op_total_ns = sum(k.gpu_time_total_ns for k in table)
-    steps = p["steps"]
-    _op_rows(r, table, op_total_ns, steps, elementwise)
-    _step_row(r, "cudalab", "whole step (bench, CUDA events)", m)
+             if k.kind == "op" and k.gpu_time_total_ns and k.name != HOLD_OP]
+    total_ns = sum(k.gpu_time_total_ns for k in table)
+    _op_rows(r, table, total_ns, elementwise)
+    _step_row(r, "cudalab", m)
 
-    per_step = op_total_ns / steps * 1e-9
-    ratio = per_step / event_step
-    r.check("profiler op GPU time vs the same profiled steps timed whole with CUDA events "
-            "(|ratio - 1|)", abs(ratio - 1.0), PROFILE_MATCH_TOLERANCE)
-    r.finding(f"the profiler's ops add up to {per_step * 1e3:.3f} ms of GPU time per step, "
-              f"{ratio:.1%} of the {event_step * 1e3:.3f} ms two CUDA events measure around "
-              f"the same steps: the table accounts for the step's time", value=ratio, unit="x",
-              labels=("profiled steps",))
-    x = m.median / event_step
-    how = (f"within {PROFILE_MATCH_TOLERANCE:.0%}: profiling hardly changes the GPU time"
-           if abs(x - 1.0) <= PROFILE_MATCH_TOLERANCE else
-           "the profiler's two events per op, or a GPU clock that differs between a short "
-           "burst and sustained load, make the difference")
-    r.finding(f"cudalab.bench times the unprofiled step at {m.median * 1e3:.3f} ms, {x:.3f}x "
-              f"the profiled one: {how}", value=x, unit="x", labels=("mlp step", "profiled steps"))
-
-    top = _breakdown_findings(r, prof, table, per_step, elementwise)
+    ratio = _match_findings(r, prof, total_ns / p["steps"] * 1e-9, event_step, m)
+    top = _breakdown_findings(r, prof, table, elementwise, training, m)
     _trace_findings(r, prof, _trace_path(p))
-
     r.claim("the profiler shows which ops take the time (the tutorial's example crashed before "
-            "printing its table)", tutorial=None, measured=100.0 * top.gpu_time_total_ns
-            / op_total_ns, unit="% (top op)", held=abs(ratio - 1.0) <= PROFILE_MATCH_TOLERANCE,
+            "printing its table)", tutorial=None,
+            measured=100.0 * top.gpu_time_total_ns / total_ns, unit="% (top op)",
+            held=abs(ratio - 1.0) <= PROFILE_MATCH_TOLERANCE,
             why=f"its op total is {ratio:.1%} of the independently timed step; the top op is "
                 f"{top.name}")
-    _torch_step(r, host, flops, m)
-
-
-def _torch_step(r: LessonRun, host: list, flops: int, ours: Any) -> None:
     torch = r.torch()
-    if torch is None:
-        return
-    args = [torch.from_numpy(a).cuda() for a in host]
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # full fp32, as ours
-    try:
-        m = r.measure("mlp step torch", mlp_step, torch_ops(torch), *args, flops=flops,
-                      ceiling=None)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-    _step_row(r, "torch", "whole step (bench, CUDA events)", m)
-    r.finding(f"PyTorch runs the same step in {m.median * 1e3:.3f} ms, "
+    if torch is not None:
+        _torch_step(r, torch, sizes, (x, labels), first_loss, m)
+
+
+def _torch_step(r: LessonRun, torch: Any, sizes: tuple[int, ...], batch: tuple[Any, Any],
+                first_loss: float, ours: Any) -> None:
+    """PyTorch trains the same MLP (same initial weights, same batch): its first loss is
+    checked against ours, its step timed the same way."""
+    p = r.params
+    precision = p["precision"]
+    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
+    scaler = (T.torch_grad_scaler(torch, INIT_SCALE, GROWTH_INTERVAL)
+              if nn.PRECISIONS[precision].needs_scaler else None)
+    step = T.torch_train_step(torch, twin, opt, scaler, precision)
+    [(tx, tl)] = T.torch_batches(torch, [batch])
+    with T.Tf32(torch, precision == "tf32"):
+        theirs = float(step(tx, tl))
+        r.check(f"torch's first {precision} loss vs cudalab's (same weights, same batch)",
+                abs(theirs - first_loss) / abs(first_loss), TORCH_LOSS_TOL[precision])
+        m = r.measure("train step torch", step, tx, tl, flops=ours.flops,
+                      ceiling=ours.ceiling_name,
+                      description=f"one PyTorch {precision} training step (CUDA events)")
+    _step_row(r, "torch", m)
+    fused = "fused" if opt.defaults.get("fused") else "unfused"
+    autocast = "" if precision in ("fp32", "tf32") else f"autocast {precision}, "
+    r.finding(f"PyTorch ({autocast}{fused} AdamW) runs the same step in {m.median * 1e3:.3f} ms, "
               f"{m.median / ours.median:.2f}x cudalab's time", value=m.median / ours.median,
-              unit="x", labels=("mlp step", "mlp step torch"))
+              unit="x", labels=("train step", "train step torch"))
 
 
 @run.plot
 def plot(result: Any, ax: Any) -> None:
-    rows = [x for x in result.rows if x["impl"] == "cudalab" and x["gpu_pct"] is not None]
-    colors = {"gemm": "tab:blue", "element-wise": "tab:orange", "reduction": "tab:green",
+    colors = {"gemm": "tab:blue", "loss": "tab:purple", "optimizer": "tab:red",
+              "cast": "tab:orange", "element-wise": "tab:olive", "reduction": "tab:green",
               "other": "tab:gray"}
-    names = [x["op"] for x in rows][::-1]
-    values = [x["gpu_ms_per_step"] for x in rows][::-1]
-    ax.barh(names, values, color=[colors[x["category"]] for x in rows][::-1])
-    from matplotlib.patches import Patch
-
-    shown = {x["category"] for x in rows}
-    step = next((x for x in result.rows if x["impl"] == "cudalab" and x["gpu_pct"] is None), None)
-    if step is not None:
-        ax.set_title(f"whole step: {step['gpu_ms_per_step']:.3f} ms", fontsize=9, loc="right")
-    ax.set_xlabel("GPU time per step (ms)")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items() if k in shown],
-              fontsize=8)
+    rows = [x for x in result.rows if x["kind"] == "op"]
+    share = {x["category"]: x["gpu_pct"] for x in result.rows if x["kind"] == "category"}
+    for category, color in colors.items():  # one bar series per kind of op, for the legend
+        mine = [(i, x["gpu_ms_per_step"]) for i, x in enumerate(rows) if x["category"] == category]
+        if mine:
+            ax.barh([i for i, _ in mine], [v for _, v in mine], color=color,
+                    label=f"{category} {share.get(category, 0.0):.0f}% of GPU time")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([x["op"] for x in rows], fontsize=8)
+    ax.invert_yaxis()  # the busiest op on top
+    steps = {x["impl"]: x["gpu_ms_per_step"] for x in result.rows if x["kind"] == "step"}
+    if steps:
+        ax.set_title("whole step: " + ", ".join(f"{k} {v:.3f} ms" for k, v in steps.items()),
+                     fontsize=9, loc="right")
+    ax.set_xlabel(f"GPU time per step (ms), {result.params['precision']}")
+    ax.legend(fontsize=8)

@@ -1,0 +1,454 @@
+"""Parameters and layers: Parameter, Linear and MLP, with explicit backward passes.
+
+There is no autograd. A layer's ``forward`` keeps what its backward needs
+(its input and its activation's aux) in buffers it owns; ``backward`` takes
+the gradient of the layer's *pre-activation* and writes float32 gradients
+into its Parameters. The activation derivative is fused into the next
+layer's input-gradient GEMM (cuBLASLt's DRELU / DGELU epilogues), which is
+why an MLP walks its layers itself instead of calling an activation backward.
+
+Every buffer a step touches is allocated by the first call with a given
+batch shape and precision and reused afterwards, so once a step has run, the
+next one makes no allocation of its own and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from .. import _core
+from .. import random as _random
+from . import fusion
+from ._util import (
+    F32,
+    Buffers,
+    arg_error,
+    check_activation,
+    check_array,
+    check_bool,
+    check_int,
+    check_seed,
+    copy_into,
+    derive_seed,
+    fill_zero,
+)
+from .precision import Precision, get_precision
+
+__all__ = ["Linear", "MLP", "Parameter"]
+
+U8 = np.dtype(np.uint8)
+
+
+class Parameter:
+    """Parameter(name, value)
+
+    A trainable float32 tensor: the master ``value`` and its ``grad``.
+
+    Parameters
+    ----------
+    name : str
+    value : DeviceArray
+        float32, C-contiguous (the fused optimizers read it packed). Kept,
+        not copied.
+
+    Attributes
+    ----------
+    name : str
+    value : DeviceArray
+        The float32 master weights, updated in place by the optimizers.
+    grad : DeviceArray
+        float32, value's shape, zero at construction; written by a layer's
+        backward (added to with ``accumulate=True``).
+    """
+
+    __slots__ = ("name", "value", "grad")
+
+    def __init__(self, name: str, value: _core.DeviceArray) -> None:
+        if not isinstance(name, str):
+            raise arg_error(TypeError, "Parameter", "name",
+                            f"expected a str, got {type(name).__name__}")
+        check_array(value, "Parameter", "value")
+        if value.dtype != F32:
+            raise arg_error(TypeError, "Parameter", "value",
+                            f"master weights are float32, got {value.dtype}")
+        if not value.is_contiguous:
+            raise arg_error(ValueError, "Parameter", "value", "must be C-contiguous")
+        self.name = name
+        self.value = value
+        self.grad = _core.zeros(value.shape, dtype=F32)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def size(self) -> int:
+        return self.value.size
+
+    def zero_grad(self) -> None:
+        """Set ``grad`` to zero on the device (inf and NaN included)."""
+        fill_zero(self.grad)
+
+    def __repr__(self) -> str:
+        return f"Parameter({self.name!r}, shape={self.shape})"
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _mask_bytes(n: int) -> int:
+    return (n + 127) // 128 * 16
+
+
+class Linear:
+    """Linear(in_features, out_features, bias=True, activation=None, *, seed=0)
+
+    ``y = act(x @ weight.T + bias)`` with PyTorch's layout and default
+    initialization: weight and bias uniform in ``[-1/sqrt(in_features),
+    1/sqrt(in_features))``, drawn on the device from `seed` (the same seed
+    gives the same values).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        >= 1. Multiples of 8 suit cuBLASLt's fused epilogues best; other
+        sizes may be refused by it (CudalabError on the first forward).
+    bias : bool, optional
+    activation : {None, 'relu', 'gelu'}, optional
+        Applied in the GEMM's epilogue; GELU is the tanh form.
+    seed : int, optional
+        In [0, 2**64).
+
+    Attributes
+    ----------
+    weight : Parameter
+        (out_features, in_features).
+    bias : Parameter or None
+        (out_features,).
+    input, aux : DeviceArray or None
+        What the last forward kept for the backward: the layer's input in the
+        compute dtype and the activation's aux (GELU: the pre-activation;
+        ReLU: cuBLASLt's bit mask).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 activation: Optional[str] = None, *, seed: int = 0) -> None:
+        self.in_features = check_int(in_features, "Linear", "in_features")
+        self.out_features = check_int(out_features, "Linear", "out_features")
+        check_bool(bias, "Linear", "bias")
+        self.activation = check_activation(activation, "Linear")
+        self.seed = check_seed(seed, "Linear")
+        bound = 1.0 / math.sqrt(self.in_features)
+        shape = (self.out_features, self.in_features)
+        w = _random.uniform(shape, -bound, bound, F32, seed=derive_seed(self.seed, 0))
+        self.weight = Parameter("weight", w)
+        self.bias: Optional[Parameter] = None
+        if bias:
+            b = _random.uniform(self.out_features, -bound, bound, F32,
+                                seed=derive_seed(self.seed, 1))
+            self.bias = Parameter("bias", b)
+        self.input: Optional[_core.DeviceArray] = None
+        self.aux: Optional[_core.DeviceArray] = None
+        self._buffers = Buffers()
+        self._precision: Optional[Precision] = None
+        self._w: Optional[_core.DeviceArray] = None  # weight in the compute dtype
+        self._b: Optional[_core.DeviceArray] = None
+
+    def parameters(self) -> list[Parameter]:
+        """The layer's Parameters: weight, then bias (when it has one)."""
+        return [self.weight] if self.bias is None else [self.weight, self.bias]
+
+    def cast_weights(self, precision: Any = "fp32") -> None:
+        """Copy the float32 master weights into the compute dtype's buffers.
+
+        ``forward`` does it by default; with gradient accumulation, call it once
+        per optimizer step and pass ``cast_weights=False`` to the forwards.
+        A float32 precision uses the master weights directly (no copy).
+        """
+        prec = get_precision(precision, "cast_weights")
+        self._precision = prec
+        if not prec.is_half:
+            self._w = self.weight.value
+            self._b = None if self.bias is None else self.bias.value
+            return
+        dt = prec.compute_dtype
+        self._w = self._buffers.get("weight", self.weight.shape, dt)
+        copy_into(self._w, self.weight.value)
+        self._b = None
+        if self.bias is not None:
+            self._b = self._buffers.get("bias", self.bias.shape, dt)
+            copy_into(self._b, self.bias.value)
+
+    def forward(self, x: _core.DeviceArray, precision: Any = "fp32", *,
+                cast_weights: bool = True) -> _core.DeviceArray:
+        """forward(x, precision='fp32', *, cast_weights=True) -> DeviceArray
+
+        The layer's output (N, out_features) in the compute dtype, in a buffer
+        the layer owns (overwritten by the next forward).
+
+        Parameters
+        ----------
+        x : DeviceArray
+            (N, in_features), any float dtype (cast to the compute dtype into
+            a buffer when it differs); kept, not copied, when it matches: leave
+            it unchanged until the backward.
+        precision : Precision or str, optional
+        cast_weights : bool, optional
+            False reuses the weight copies of the last cast (same precision).
+        """
+        prec = get_precision(precision, "forward")
+        x = self._check_input(x)
+        if cast_weights or self._precision is not prec or self._w is None:
+            self.cast_weights(prec)
+        dt = prec.compute_dtype
+        if x.dtype != dt:
+            xc = self._buffers.get("input", x.shape, dt)
+            copy_into(xc, x)
+            x = xc
+        rows = x.shape[0]
+        y = self._buffers.get("output", (rows, self.out_features), dt)
+        aux = None
+        if self.activation == "gelu":  # rows of the pre-activation a multiple of 8 elements apart
+            aux = self._buffers.get("aux", (rows, _pad8(self.out_features)), dt)
+            aux = aux[:, : self.out_features]
+        elif self.activation == "relu":
+            aux = self._buffers.get("aux", (rows, _mask_bytes(self.out_features)), U8)
+        mp = prec.matmul_precision
+        if self.activation == "gelu":
+            self._gelu_forward(x, y, aux, mp)
+        else:
+            _core._nn_linear(x, self._w, self._b, self.activation, y, aux, mp)
+        self.input, self.aux = x, aux
+        return y
+
+    def _gelu_forward(self, x: _core.DeviceArray, y: _core.DeviceArray,
+                      aux: _core.DeviceArray, mp: Optional[str]) -> None:
+        """y = gelu(z), aux = z = x @ W.T + b: in the GEMM's epilogue, or as a GEMM
+        writing z and a GELU kernel, whichever nn.fusion measured faster."""
+        def fused() -> None:
+            _core._nn_linear(x, self._w, self._b, "gelu", y, aux, mp)
+
+        def split() -> None:
+            _core._nn_linear(x, self._w, self._b, None, aux, None, mp)
+            _core.gelu(aux, approximate="tanh", out=y)
+
+        key = ("gelu forward", x.shape[0], self.in_features, self.out_features, x.dtype.name, mp)
+        (fused if fusion.use_fused(key, fused, split) else split)()
+
+    def _check_input(self, x: Any) -> _core.DeviceArray:
+        check_array(x, "forward", "x")
+        if x.ndim != 2 or x.shape[1] != self.in_features:
+            raise arg_error(ValueError, "forward", "x",
+                            f"expected shape (N, {self.in_features}), got {x.shape}")
+        if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+            raise arg_error(TypeError, "forward", "x", f"expected a float array, got {x.dtype}")
+        return x
+
+    def backward(self, grad: _core.DeviceArray, *, accumulate: bool = False,
+                 input_grad: bool = True, activation: Optional[str] = None,
+                 aux: Optional[_core.DeviceArray] = None) -> Optional[_core.DeviceArray]:
+        """backward(grad, *, accumulate=False, input_grad=True, activation=None, aux=None)
+
+        Gradients of the last forward: weight and bias into the Parameters
+        (float32), and the input's gradient.
+
+        Parameters
+        ----------
+        grad : DeviceArray
+            (N, out_features) in the compute dtype: the gradient of this
+            layer's *pre-activation* (of its output when it has no
+            activation). For a layer with one, apply the activation's
+            derivative first (``relu_grad`` / ``gelu_grad(...,
+            approximate='tanh')`` on ``aux``), or let the next layer's backward
+            fuse it, as MLP does.
+        accumulate : bool, optional
+            Add into the Parameters' grads instead of overwriting them.
+        input_grad : bool, optional
+            False skips the input gradient (the first layer needs none).
+        activation, aux : optional
+            The activation and aux of the layer that produced this layer's
+            input: its derivative is fused into the input-gradient GEMM, which
+            then returns the gradient of *that* layer's pre-activation.
+
+        Returns
+        -------
+        DeviceArray or None
+            (N, in_features) in the compute dtype, in a buffer the layer owns;
+            None when `input_grad` is False.
+        """
+        if self.input is None or self._precision is None:
+            raise RuntimeError("Linear.backward() called before forward()")
+        prec, x = self._precision, self.input
+        check_array(grad, "backward", "grad")
+        want = (x.shape[0], self.out_features)
+        if grad.shape != want or grad.dtype != prec.compute_dtype:
+            raise arg_error(ValueError, "backward", "grad",
+                            f"expected shape {want} and dtype {prec.compute_dtype} (the last "
+                            f"forward's), got {grad.shape} {grad.dtype}")
+        self._weight_grads(grad, x, prec, bool(accumulate))
+        if not input_grad:
+            return None
+        gx = self._buffers.get("grad_input", x.shape, prec.compute_dtype)
+        mp = prec.matmul_precision
+        if activation != "gelu":
+            _core._nn_linear_backward_input(grad, self._w, gx, aux, activation, None, mp)
+            return gx
+
+        def fused() -> None:
+            _core._nn_linear_backward_input(grad, self._w, gx, aux, "gelu", None, mp)
+
+        def split() -> None:
+            _core._nn_linear_backward_input(grad, self._w, gx, None, None, None, mp)
+            _core.gelu_grad(gx, aux, approximate="tanh", out=gx)
+
+        key = ("gelu backward", x.shape[0], self.in_features, self.out_features, x.dtype.name,
+               mp)
+        (fused if fusion.use_fused(key, fused, split) else split)()
+        return gx
+
+    def _weight_grads(self, grad: _core.DeviceArray, x: _core.DeviceArray, prec: Precision,
+                      accumulate: bool) -> None:
+        """Weight and bias gradients from one GEMM into the float32 Parameter grads.
+
+        The GEMM writes float32 whatever the compute dtype (half operands,
+        float32 accumulator): no half copy to cast, accumulation in float32.
+        """
+        w, b, mp = self.weight, self.bias, prec.matmul_precision
+        if not accumulate:
+            _core._nn_linear_backward_weight(grad, x, w.grad, None if b is None else b.grad,
+                                             False, mp)
+            return
+        # The GEMM adds into the weight grad; its bias-gradient epilogue cannot
+        # accumulate, so the bias gradient is summed and added separately.
+        _core._nn_linear_backward_weight(grad, x, w.grad, None, True, mp)
+        if b is not None:
+            db = self._buffers.get("bias_grad", b.shape, grad.dtype)
+            _core.sum(grad, axis=0, out=db)
+            _core.add(b.grad, db, out=b.grad)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.zero_grad()
+
+    def __repr__(self) -> str:
+        return (f"Linear(in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, activation={self.activation!r})")
+
+
+class MLP:
+    """MLP(sizes, activation='gelu', *, seed=0)
+
+    Linear layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with the
+    activation after every layer but the last (the logits).
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        At least two sizes, each >= 1.
+    activation : {'gelu', 'relu', None}, optional
+    seed : int, optional
+        Layer i is initialized from its own key derived from (seed, i).
+
+    Attributes
+    ----------
+    layers : list of Linear
+    """
+
+    def __init__(self, sizes: Sequence[int], activation: Optional[str] = "gelu", *,
+                 seed: int = 0) -> None:
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__"):
+            raise arg_error(TypeError, "MLP", "sizes",
+                            f"expected a sequence of ints, got {type(sizes).__name__}")
+        if len(sizes) < 2:
+            raise arg_error(ValueError, "MLP", "sizes",
+                            f"needs at least 2 sizes (input and output), got {len(sizes)}")
+        self.sizes = tuple(check_int(s, "MLP", "sizes") for s in sizes)
+        self.activation = check_activation(activation, "MLP")
+        self.seed = check_seed(seed, "MLP")
+        last = len(self.sizes) - 2
+        self.layers = [
+            Linear(n_in, n_out, True, None if i == last else self.activation,
+                   seed=derive_seed(self.seed, i))
+            for i, (n_in, n_out) in enumerate(zip(self.sizes[:-1], self.sizes[1:]))
+        ]
+        for i, layer in enumerate(self.layers):
+            for p in layer.parameters():
+                p.name = f"{i}.{p.name}"  # torch.nn.Sequential's names
+
+    def parameters(self) -> list[Parameter]:
+        """Every Parameter, layer by layer (weight, then bias), as torch orders them."""
+        return [p for layer in self.layers for p in layer.parameters()]
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        return ((p.name, p) for p in self.parameters())
+
+    def cast_weights(self, precision: Any = "fp32") -> None:
+        """Copy every master weight into the compute dtype (see Linear.cast_weights)."""
+        prec = get_precision(precision, "cast_weights")
+        for layer in self.layers:
+            layer.cast_weights(prec)
+
+    def forward(self, x: _core.DeviceArray, precision: Any = "fp32", *,
+                cast_weights: bool = True) -> _core.DeviceArray:
+        """forward(x, precision='fp32', *, cast_weights=True) -> DeviceArray
+
+        The logits (N, sizes[-1]) in the compute dtype, in the last layer's
+        output buffer (overwritten by the next forward).
+
+        Parameters
+        ----------
+        x : DeviceArray
+            (N, sizes[0]), any float dtype; kept as it is when it has the
+            compute dtype: leave it unchanged until the backward.
+        precision : Precision or str, optional
+            "fp32", "tf32", "fp16", "bf16" or a Precision.
+        cast_weights : bool, optional
+            False reuses the last cast's weight copies (gradient accumulation:
+            cast once per optimizer step).
+        """
+        prec = get_precision(precision, "forward")
+        h = x
+        for layer in self.layers:
+            h = layer.forward(h, prec, cast_weights=cast_weights)
+        return h
+
+    __call__ = forward
+
+    def backward(self, grad_logits: _core.DeviceArray, *, accumulate: bool = False) -> None:
+        """backward(grad_logits, *, accumulate=False) -> None
+
+        Every Parameter's gradient (float32) from the gradient of the logits.
+
+        Each layer's weight and bias gradients come from one GEMM (the bias
+        gradient fused as cuBLASLt's BGRADB epilogue); the input gradient's
+        GEMM fuses the previous layer's activation derivative (DRELU / DGELU
+        on its aux), so it returns the gradient of that layer's pre-activation.
+
+        Parameters
+        ----------
+        grad_logits : DeviceArray
+            (N, sizes[-1]) in the compute dtype of the last forward (for
+            instance the ``grad=`` of :func:`cross_entropy`, which may be the
+            logits buffer itself).
+        accumulate : bool, optional
+            Add into the grads (micro-batches of one optimizer step) instead
+            of overwriting them.
+        """
+        g = grad_logits
+        for i in range(len(self.layers) - 1, -1, -1):
+            prev = self.layers[i - 1] if i > 0 else None
+            g = self.layers[i].backward(
+                g, accumulate=accumulate, input_grad=prev is not None,
+                activation=None if prev is None else prev.activation,
+                aux=None if prev is None else prev.aux)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.zero_grad()
+
+    def __repr__(self) -> str:
+        return f"MLP(sizes={list(self.sizes)}, activation={self.activation!r})"
