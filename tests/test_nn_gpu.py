@@ -204,6 +204,9 @@ def test_accumulate_adds_to_existing_grads(rng):
     model.forward(x)
     model.backward(g)
     once = [widen(p.grad) for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="called twice after one forward"):
+        model.backward(g, accumulate=True)  # its activations were overwritten
+    model.forward(x)
     model.backward(g, accumulate=True)
     for p, o in zip(model.parameters(), once):
         assert rel_err(p.grad, 2 * o) < 1e-5

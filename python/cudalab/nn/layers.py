@@ -392,6 +392,8 @@ class MLP:
         for i, layer in enumerate(self.layers):
             for p in layer.parameters():
                 p.name = f"{i}.{p.name}"  # torch.nn.Sequential's names
+        # The backward overwrites the activations it reads: one backward per forward.
+        self._activations_live = False
 
     def parameters(self) -> list[Parameter]:
         """Every Parameter, layer by layer (weight, then bias), as torch orders them."""
@@ -428,6 +430,7 @@ class MLP:
         h = x
         for layer in self.layers:
             h = layer.forward(h, prec, cast_weights=cast_weights)
+        self._activations_live = True
         return h
 
     __call__ = forward
@@ -443,7 +446,9 @@ class MLP:
         on its aux), so it returns the gradient of that layer's pre-activation.
         That gradient overwrites the previous layer's output, which the
         weight gradient has just read and nothing needs afterwards: the
-        backward keeps no activation-sized buffers of its own.
+        backward keeps no activation-sized buffers of its own, and runs once
+        per forward (a second call raises RuntimeError, as PyTorch does
+        without ``retain_graph``).
 
         Parameters
         ----------
@@ -455,6 +460,10 @@ class MLP:
             Add into the grads (micro-batches of one optimizer step) instead
             of overwriting them.
         """
+        if not self._activations_live and self.layers[0].input is not None:
+            raise RuntimeError("MLP.backward() called twice after one forward(): the backward "
+                               "overwrites the activations it reads (as PyTorch frees its "
+                               "graph); run forward() again first")
         g = grad_logits
         for i in range(len(self.layers) - 1, -1, -1):
             prev = self.layers[i - 1] if i > 0 else None
@@ -464,6 +473,7 @@ class MLP:
                 activation=None if prev is None else prev.activation,
                 aux=None if prev is None else prev.aux,
                 out=None if prev is None else layer.input)
+            self._activations_live = False  # the previous layer's output is a gradient now
 
     def zero_grad(self) -> None:
         for p in self.parameters():
