@@ -158,6 +158,24 @@ def test_backward_argument_checks(rng):
         model.forward(cudalab.zeros((N, 7), dtype=F32))
 
 
+def test_backward_writes_input_gradients_over_dead_outputs(rng):
+    """MLP's backward keeps no gradient buffers: each input gradient overwrites
+    the previous layer's output (its own input), which the weight gradient has
+    read; a layer's out= is checked."""
+    model = nn.MLP(SIZES, seed=2)
+    x, _ = strided_input(rng, N, SIZES[0])
+    for name in ("fp32", "bf16"):
+        logits = model.forward(x, name)
+        inputs = [l.input.data_ptr for l in model.layers]
+        model.backward(cudalab.ones_like(logits))
+        assert not any("grad_input" in l._buffers._arrays for l in model.layers)
+        assert [l.input.data_ptr for l in model.layers] == inputs
+    layer = model.layers[1]
+    with pytest.raises(ValueError, match=r"^backward\(\) argument 'out': expected shape"):
+        layer.backward(cudalab.ones((N, SIZES[2]), dtype=nn.PRECISIONS["bf16"].compute_dtype),
+                       out=cudalab.empty((N, SIZES[1]), dtype=F32))
+
+
 # ---- gradient accumulation ------------------------------------------------------------------
 
 
@@ -186,6 +204,9 @@ def test_accumulate_adds_to_existing_grads(rng):
     model.forward(x)
     model.backward(g)
     once = [widen(p.grad) for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="called twice after one forward"):
+        model.backward(g, accumulate=True)  # its activations were overwritten
+    model.forward(x)
     model.backward(g, accumulate=True)
     for p, o in zip(model.parameters(), once):
         assert rel_err(p.grad, 2 * o) < 1e-5

@@ -250,8 +250,9 @@ class Linear:
 
     def backward(self, grad: _core.DeviceArray, *, accumulate: bool = False,
                  input_grad: bool = True, activation: Optional[str] = None,
-                 aux: Optional[_core.DeviceArray] = None) -> Optional[_core.DeviceArray]:
-        """backward(grad, *, accumulate=False, input_grad=True, activation=None, aux=None)
+                 aux: Optional[_core.DeviceArray] = None,
+                 out: Optional[_core.DeviceArray] = None) -> Optional[_core.DeviceArray]:
+        """backward(grad, *, accumulate=False, input_grad=True, activation=None, aux=None, out=None)
 
         Gradients of the last forward: weight and bias into the Parameters
         (float32), and the input's gradient.
@@ -273,12 +274,18 @@ class Linear:
             The activation and aux of the layer that produced this layer's
             input: its derivative is fused into the input-gradient GEMM, which
             then returns the gradient of *that* layer's pre-activation.
+        out : DeviceArray, optional
+            Where the input gradient goes: (N, in_features) in the compute
+            dtype. Default: a buffer the layer owns. It may be this layer's
+            own input (the previous layer's output), which the weight
+            gradient has read by then: MLP does so, and keeps no separate
+            gradient buffers.
 
         Returns
         -------
         DeviceArray or None
-            (N, in_features) in the compute dtype, in a buffer the layer owns;
-            None when `input_grad` is False.
+            (N, in_features) in the compute dtype: `out`, or the layer's
+            buffer; None when `input_grad` is False.
         """
         if self.input is None or self._precision is None:
             raise RuntimeError("Linear.backward() called before forward()")
@@ -292,7 +299,14 @@ class Linear:
         self._weight_grads(grad, x, prec, bool(accumulate))
         if not input_grad:
             return None
-        gx = self._buffers.get("grad_input", x.shape, prec.compute_dtype)
+        if out is None:
+            gx = self._buffers.get("grad_input", x.shape, prec.compute_dtype)
+        else:
+            gx = check_array(out, "backward", "out")
+            if gx.shape != x.shape or gx.dtype != prec.compute_dtype:
+                raise arg_error(ValueError, "backward", "out",
+                                f"expected shape {x.shape} and dtype {prec.compute_dtype} (the "
+                                f"last forward's input), got {gx.shape} {gx.dtype}")
         mp = prec.matmul_precision
         if activation != "gelu":
             _core._nn_linear_backward_input(grad, self._w, gx, aux, activation, None, mp)
@@ -378,6 +392,8 @@ class MLP:
         for i, layer in enumerate(self.layers):
             for p in layer.parameters():
                 p.name = f"{i}.{p.name}"  # torch.nn.Sequential's names
+        # The backward overwrites the activations it reads: one backward per forward.
+        self._activations_live = False
 
     def parameters(self) -> list[Parameter]:
         """Every Parameter, layer by layer (weight, then bias), as torch orders them."""
@@ -414,6 +430,7 @@ class MLP:
         h = x
         for layer in self.layers:
             h = layer.forward(h, prec, cast_weights=cast_weights)
+        self._activations_live = True
         return h
 
     __call__ = forward
@@ -427,6 +444,11 @@ class MLP:
         gradient fused as cuBLASLt's BGRADB epilogue); the input gradient's
         GEMM fuses the previous layer's activation derivative (DRELU / DGELU
         on its aux), so it returns the gradient of that layer's pre-activation.
+        That gradient overwrites the previous layer's output, which the
+        weight gradient has just read and nothing needs afterwards: the
+        backward keeps no activation-sized buffers of its own, and runs once
+        per forward (a second call raises RuntimeError, as PyTorch does
+        without ``retain_graph``).
 
         Parameters
         ----------
@@ -438,13 +460,20 @@ class MLP:
             Add into the grads (micro-batches of one optimizer step) instead
             of overwriting them.
         """
+        if not self._activations_live and self.layers[0].input is not None:
+            raise RuntimeError("MLP.backward() called twice after one forward(): the backward "
+                               "overwrites the activations it reads (as PyTorch frees its "
+                               "graph); run forward() again first")
         g = grad_logits
         for i in range(len(self.layers) - 1, -1, -1):
             prev = self.layers[i - 1] if i > 0 else None
-            g = self.layers[i].backward(
+            layer = self.layers[i]
+            g = layer.backward(
                 g, accumulate=accumulate, input_grad=prev is not None,
                 activation=None if prev is None else prev.activation,
-                aux=None if prev is None else prev.aux)
+                aux=None if prev is None else prev.aux,
+                out=None if prev is None else layer.input)
+            self._activations_live = False  # the previous layer's output is a gradient now
 
     def zero_grad(self) -> None:
         for p in self.parameters():
