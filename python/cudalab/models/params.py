@@ -22,7 +22,7 @@ activation itself). This module builds each ``W`` and ``b`` on the host:
 * **BatchNorm folded** (eval mode, running statistics): with
   ``s = gamma / sqrt(running_var + eps)``, ``W' = W * s`` per output channel
   and ``b = beta - running_mean * s``, computed in float64 and stored as
-  float32. The fc layer keeps its own bias and is stored as ``W.T``
+  float32 (float64 on request, for a float64 reference). The fc layer keeps its own bias and is stored as ``W.T``
   (2048, 1000).
 """
 
@@ -34,7 +34,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..nn._util import arg_error, check_real
-from .arch import RESNET50, Conv, Layer, Linear, round_up
+from .arch import RESNET50, Conv, Linear, round_up
 from .weights import check_state
 
 __all__ = ["BN_EPS", "FoldedParams", "GemmWeights", "conv_weight_matrix", "fold",
@@ -113,9 +113,9 @@ class GemmWeights:
     ----------
     layer : Conv or Linear
     weight : ndarray
-        float32 (K padded, cout), C-contiguous; zero rows past the real K.
+        (K padded, cout), C-contiguous; zero rows past the real K.
     bias : ndarray
-        float32 (cout,).
+        (cout,), the weight's dtype (float32, or float64 for a float64 reference).
     """
 
     layer: Union[Conv, Linear]
@@ -124,7 +124,7 @@ class GemmWeights:
 
 
 class FoldedParams:
-    """FoldedParams(state, eps=1e-5)
+    """FoldedParams(state, eps=1e-5, dtype=float32)
 
     ResNet-50's weights ready for NHWC GEMMs: every conv with its BatchNorm
     folded in, K ordered (kh, kw, cin) and padded to a multiple of 8, and the
@@ -137,14 +137,20 @@ class FoldedParams:
     state : dict of str to ndarray
         The unfolded float32 weights it was made from (torchvision's names and layouts).
     eps : float
+    dtype : numpy.dtype
+        Of every GEMM weight and bias: float32 (what the GPU reads) or float64.
     gemms : dict of str to GemmWeights
         By layer name (``"conv1"``, ``"layer3.4.conv2"``, ``"fc"``), in execution order.
     """
 
-    def __init__(self, state: Any, eps: float = BN_EPS) -> None:
+    def __init__(self, state: Any, eps: float = BN_EPS, dtype: Any = np.float32) -> None:
         self.eps = check_real(eps, "fold", "eps")
         if self.eps <= 0:
             raise arg_error(ValueError, "fold", "eps", f"must be > 0, got {self.eps}")
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise arg_error(TypeError, "fold", "dtype",
+                            f"expected float32 or float64, got {self.dtype}")
         self.state = check_state(state, "fold")
         self.layers = RESNET50
         self.gemms: dict[str, GemmWeights] = {}
@@ -164,23 +170,24 @@ class FoldedParams:
             w = conv_weight_matrix(w, layer.k_padded)
         if w.shape[1] != round_up(w.shape[1]):  # holds for every ResNet-50 layer
             raise AssertionError(f"{layer.name}: cout {w.shape[1]} is not a multiple of 8")
-        return GemmWeights(layer, np.ascontiguousarray(w, np.float32),
-                           np.ascontiguousarray(b, np.float32))
+        return GemmWeights(layer, np.ascontiguousarray(w, self.dtype),
+                           np.ascontiguousarray(b, self.dtype))
 
     def __getitem__(self, name: str) -> GemmWeights:
         return self.gemms[name]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all GEMM weights and biases (float32, padding included)."""
+        """Bytes of all GEMM weights and biases (padding included)."""
         return sum(g.weight.nbytes + g.bias.nbytes for g in self.gemms.values())
 
     def __repr__(self) -> str:
-        return f"FoldedParams({len(self.gemms)} GEMMs, {self.nbytes / 2**20:.1f} MiB float32)"
+        return (f"FoldedParams({len(self.gemms)} GEMMs, {self.nbytes / 2**20:.1f} MiB "
+                f"{self.dtype.name})")
 
 
-def fold(state: Any, eps: float = BN_EPS) -> FoldedParams:
-    """fold(state, eps=1e-5) -> FoldedParams
+def fold(state: Any, eps: float = BN_EPS, dtype: Any = np.float32) -> FoldedParams:
+    """fold(state, eps=1e-5, dtype=float32) -> FoldedParams
 
     ResNet-50's weights as GEMM operands with BatchNorm folded in (see the module docstring).
 
@@ -191,9 +198,14 @@ def fold(state: Any, eps: float = BN_EPS) -> FoldedParams:
         :func:`from_torchvision` and :func:`init_weights` return.
     eps : float, optional
         BatchNorm's eps (torchvision: 1e-5).
+    dtype : {float32, float64}, optional
+        Of the folded weights and biases. float32 is what the GPU model reads;
+        float64 (folded from the same float32 state without rounding) makes
+        :func:`~cudalab.models.reference.forward` in float64 a float64
+        reference of the unfolded network.
 
     Returns
     -------
     FoldedParams
     """
-    return FoldedParams(state, eps)
+    return FoldedParams(state, eps, dtype)
