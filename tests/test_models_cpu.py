@@ -165,6 +165,17 @@ def test_tensor_shapes():
     assert models.tensor_shapes(1, 40, 56)["layer4.2"] == (1, 2, 2, 2048)
 
 
+def test_last_reads():
+    last = arch.last_reads()
+    index = {l.name: i for i, l in enumerate(models.RESNET50)}
+    assert last["input"] == 0 and "fc" not in last
+    # A stage's first block input is read by its conv1 and, last, by its downsample.
+    assert last["layer1.2"] == index["layer2.0.downsample.0"]
+    # Any other block's input is read last by its conv3, as the shortcut.
+    assert last["layer2.0"] == index["layer2.1.conv3"]
+    assert last["layer2.0.downsample"] == index["layer2.0.conv3"]
+
+
 # ---- GEMM layouts and folding -----------------------------------------------------------
 
 
@@ -518,6 +529,8 @@ def test_reference_argument_checks(params):
         reference.forward(params, x, dtype=np.float16)
     with assert_arg_error(ValueError, "forward", "x", r"\(N, H, W, 3\)"):
         reference.forward(params, x[..., :1])
+    with assert_arg_error(TypeError, "forward", "x", "models.preprocess"):
+        reference.forward(params, np.zeros((1, 32, 32, 3), np.uint8))
     with assert_arg_error(ValueError, "forward", "x", "at least 32x32"):
         reference.forward(params, x)
     with assert_arg_error(TypeError, "forward", "keep", "bool"):

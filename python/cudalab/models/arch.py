@@ -32,6 +32,7 @@ __all__ = [
     "RESNET50",
     "RESNET50_PARAMETERS",
     "conv_output_size",
+    "last_reads",
     "parameter_count",
     "resnet50_layers",
     "round_up",
@@ -55,6 +56,12 @@ def round_up(value: int, multiple: int = K_ALIGN) -> int:
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
     """Output extent of a convolution or pool along one axis (floor, as torch)."""
     return (size + 2 * padding - kernel) // stride + 1
+
+
+def _output_hw(height: int, width: int, kh: int, kw: int, stride: int,
+               padding: int) -> tuple[int, int]:
+    return (conv_output_size(height, kh, stride, padding),
+            conv_output_size(width, kw, stride, padding))
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,7 @@ class Conv:
         return self.k * self.cout + 2 * self.cout
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
-        return (conv_output_size(height, self.kh, self.stride, self.padding),
-                conv_output_size(width, self.kw, self.stride, self.padding))
+        return _output_hw(height, width, self.kh, self.kw, self.stride, self.padding)
 
 
 @dataclass(frozen=True)
@@ -135,8 +141,7 @@ class MaxPool:
     parameters = 0
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
-        return (conv_output_size(height, self.kernel, self.stride, self.padding),
-                conv_output_size(width, self.kernel, self.stride, self.padding))
+        return _output_hw(height, width, self.kernel, self.kernel, self.stride, self.padding)
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,20 @@ def state_shapes(layers: tuple[Layer, ...] = RESNET50) -> dict[str, tuple[int, .
             shapes[f"{layer.name}.weight"] = (layer.cout, layer.cin)
             shapes[f"{layer.name}.bias"] = (layer.cout,)
     return shapes
+
+
+def last_reads(layers: tuple[Layer, ...] = RESNET50) -> dict[str, int]:
+    """Activation name -> index in `layers` of the last layer that reads it.
+
+    An activation is dead after that layer, so its buffer can take a later
+    layer's output (``"fc"``, the logits, is read by no layer and stays).
+    """
+    last: dict[str, int] = {}
+    for i, layer in enumerate(layers):
+        for name in (layer.src, getattr(layer, "residual", None)):
+            if name is not None:
+                last[name] = i
+    return last
 
 
 def tensor_shapes(batch: int, height: int = 224, width: int = 224,

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..nn._util import arg_error, check_bool, check_int
-from .arch import Conv, GlobalAvgPool, Linear, MaxPool
+from .arch import Conv, GlobalAvgPool, Linear, MaxPool, last_reads
 from .params import FoldedParams, GemmWeights
 
 __all__ = ["conv2d", "forward", "global_avg_pool", "im2col", "max_pool"]
@@ -236,9 +236,13 @@ def forward(params: FoldedParams, x: Any, dtype: Any = np.float32,
     if min(x.shape[1:3]) < 32:
         raise arg_error(ValueError, "forward", "x",
                         f"images must be at least 32x32, got {x.shape[1]}x{x.shape[2]}")
+    if x.dtype.kind != "f":
+        raise arg_error(TypeError, "forward", "x",
+                        f"expected normalised float images, got {x.dtype} "
+                        "(uint8 images go through models.preprocess first)")
     keep = check_bool(keep, "forward", "keep")
     acts = {"input": np.ascontiguousarray(x, dtype=dtype)}
-    last_use = _last_uses(params.layers)
+    last_use = last_reads(params.layers)
     for i, layer in enumerate(params.layers):
         acts[layer.dst] = _run_layer(params, layer, acts)
         if not keep:  # drop activations no later layer reads: batch 32 fits in memory
@@ -246,16 +250,6 @@ def forward(params: FoldedParams, x: Any, dtype: Any = np.float32,
                 del acts[name]
     logits = acts["fc"]
     return (logits, acts) if keep else logits
-
-
-def _last_uses(layers: Any) -> dict[str, int]:
-    """Activation name -> index of the last layer that reads it."""
-    last: dict[str, int] = {}
-    for i, layer in enumerate(layers):
-        for name in (layer.src, getattr(layer, "residual", None)):
-            if name is not None:
-                last[name] = i
-    return last
 
 
 def _run_layer(params: FoldedParams, layer: Any, acts: dict[str, np.ndarray]) -> np.ndarray:
