@@ -40,10 +40,10 @@ python benchmarks/bench_nn.py [--quick] [--json]
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import main, preset, require_gpu, row, torch_cuda  # noqa: E402
@@ -58,15 +58,6 @@ SEED = 0
 
 ADAMW_SHAPES = [(4096, 4096)] * 6 + [(4096,)] * 6
 ADAMW_BYTES_PER_PARAM = 28
-
-
-def _cycle(step: Callable[[Any, Any], Any], batches: Sequence[tuple[Any, Any]]) -> Callable[[], Any]:
-    it = itertools.cycle(batches)
-
-    def one() -> Any:
-        x, labels = next(it)
-        return step(x, labels)
-    return one
 
 
 def _ours(nn: Any, sizes: tuple[int, ...], name: str, graph: bool) -> Callable[[Any, Any], Any]:
@@ -117,22 +108,17 @@ def mlp_rows(cudalab: Any, torch: Any, timer: Any, batch: int) -> list[dict]:
     label = f"mlp_step b{batch}"
     rows: list[dict] = []
     for name in PRECISIONS:
-        steps = {"cudalab": _ours(nn, sizes, name, False),
-                 "cudalab graph": _ours(nn, sizes, name, True)}
+        steps = {"cudalab": (_ours(nn, sizes, name, False), batches),
+                 "cudalab graph": (_ours(nn, sizes, name, True), batches)}
         if torch is not None:
-            tb = T.torch_batches(torch, batches)
-            with T.Tf32(torch, name == "tf32"):
-                steps["torch"] = _theirs(torch, nn, sizes, name)
+            steps["torch"] = (_theirs(torch, nn, sizes, name), T.torch_batches(torch, batches))
         got = {}
-        for impl, step in steps.items():
-            data = tb if impl == "torch" else batches
-            if impl == "torch":
-                with T.Tf32(torch, name == "tf32"):
-                    loop, gpu = _time(timer, _cycle(step, data), flops, label, impl, name)
-            else:
-                loop, gpu = _time(timer, _cycle(step, data), flops, label, impl, name)
-            got[impl] = row(loop, (batch, *sizes), name, precision=name, batch=batch,
-                            gpu_ms=gpu.median * 1e3, gpu_iqr_ms=gpu.iqr * 1e3)
+        # TF32 on or off for torch's float32 matmuls (cudalab's come from the precision).
+        with T.Tf32(torch, name == "tf32") if torch is not None else contextlib.nullcontext():
+            for impl, (step, data) in steps.items():
+                loop, gpu = _time(timer, T.cycle(step, data), flops, label, impl, name)
+                got[impl] = row(loop, (batch, *sizes), name, precision=name, batch=batch,
+                                gpu_ms=gpu.median * 1e3, gpu_iqr_ms=gpu.iqr * 1e3)
         fused, split = _gelu_forms(nn, batch, name)
         for impl in ("cudalab", "cudalab graph"):
             got[impl].update(gelu_fused=fused, gelu_split=split)

@@ -9,6 +9,7 @@ the same step (autocast, GradScaler) written once here.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -54,6 +55,17 @@ def step_flops(sizes: Sequence[int], batch: int) -> float:
     input-gradient GEMMs of every layer but the first (the data needs no gradient)."""
     weights = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
     return 2.0 * batch * (3 * sum(weights) - weights[0])
+
+
+def cycle(step: Callable[[Any, Any], Any],
+          batches: Sequence[tuple[Any, Any]]) -> Callable[[], Any]:
+    """A no-argument call that runs `step(x, labels)` on the next batch, round and round."""
+    it = itertools.cycle(batches)
+
+    def one() -> Any:
+        x, labels = next(it)
+        return step(x, labels)
+    return one
 
 
 def teacher_batches(sizes: Sequence[int], rows: int, count: int,

@@ -14,7 +14,6 @@ against the sync-free loop (host clock around the loop and a synchronize).
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -151,16 +150,6 @@ def _train(run: Run, batches: Sequence[tuple[Any, Any]], steps: int) -> dict[str
     return out
 
 
-def _cycle(step: Callable[[Any, Any], Any],
-           batches: Sequence[tuple[Any, Any]]) -> Callable[[], Any]:
-    it = itertools.cycle(batches)
-
-    def one() -> Any:
-        x, labels = next(it)
-        return step(x, labels)
-    return one
-
-
 def _loop(one: Callable[[], Any], n: int,
           after: Callable[[], Any] | None = None) -> Callable[[], None]:
     def run() -> None:
@@ -196,7 +185,7 @@ def _ours(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any
     for name in names:
         run = Run(p, sizes, name)
         trained = _train(run, batches, p["steps"])
-        one = _cycle(run.step, batches)
+        one = T.cycle(run.step, batches)
         m = _measure_step(r, f"step {name}", one, sizes, name)
         loops = {f"loop {name}": _loop(one, p["loop_steps"])}
         if run.scaler is not None:
@@ -228,7 +217,7 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tu
     if scaler is not None:
         backoffs = scale_story(scales, [0.0] * len(scales), INIT_SCALE)
         out["scaler"] = {**backoffs, "skipped": backoffs["backoffs"]}  # a skip halves the scale
-    one = _cycle(step, tb)
+    one = T.cycle(step, tb)
     out["step"] = _measure_step(r, f"torch step {name}", one, sizes, name)
     [t] = host_clock({"l": _loop(one, p["loop_steps"])}, HOST_REPEATS[r.quick],
                      warmup=r.timer.settings.warmup).values()

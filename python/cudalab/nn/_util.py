@@ -88,11 +88,6 @@ def check_bool(value: Any, func: str, param: str) -> bool:
     return value
 
 
-def copy_into(dst: _core.DeviceArray, src: _core.DeviceArray) -> None:
-    """``dst[...] = src`` with a cast to dst's dtype, on the current stream: one pass."""
-    _core.copyto(dst, src)
-
-
 def fill_zero(dst: _core.DeviceArray) -> None:
     """``dst[...] = 0`` on the current stream, whatever dst holds (inf and NaN too).
 

@@ -62,8 +62,18 @@ def relu_mask_bytes(features: int) -> int:
     -------
     int
     """
-    features = check_int(features, "relu_mask_bytes", "features")
+    return _relu_mask_bytes(check_int(features, "relu_mask_bytes", "features"))
+
+
+def _relu_mask_bytes(features: int) -> int:
+    """relu_mask_bytes without the argument check (for the layers' hot path)."""
     return (features + 127) // 128 * 16
+
+
+def _gelu_aux_row(features: int) -> int:
+    """Elements per row of a GELU aux buffer: `features` rounded up to a multiple of 8
+    (cuBLASLt's aux leading dimension)."""
+    return (features + 7) // 8 * 8
 
 
 def empty_aux(shape: Sequence[int], activation: str, dtype: Any = np.float32) -> _core.DeviceArray:
@@ -96,9 +106,8 @@ def empty_aux(shape: Sequence[int], activation: str, dtype: Any = np.float32) ->
         raise ValueError("empty_aux() argument 'shape': expected at least one axis")
     lead, features = shape[:-1], shape[-1]
     if act == "relu":
-        return _core.empty((*lead, relu_mask_bytes(features)), dtype=np.uint8)
-    padded = (features + 7) // 8 * 8
-    buf = _core.empty((*lead, padded), dtype=dtype)
+        return _core.empty((*lead, _relu_mask_bytes(features)), dtype=np.uint8)
+    buf = _core.empty((*lead, _gelu_aux_row(features)), dtype=dtype)
     return buf[(Ellipsis, slice(0, features))]
 
 

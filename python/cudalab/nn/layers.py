@@ -22,6 +22,7 @@ import numpy as np
 from .. import _core
 from .. import random as _random
 from . import fusion
+from .functional import _gelu_aux_row, _relu_mask_bytes
 from ._util import (
     F32,
     Buffers,
@@ -31,7 +32,6 @@ from ._util import (
     check_bool,
     check_int,
     check_seed,
-    copy_into,
     derive_seed,
     fill_zero,
 )
@@ -94,14 +94,6 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter({self.name!r}, shape={self.shape})"
-
-
-def _pad8(n: int) -> int:
-    return (n + 7) // 8 * 8
-
-
-def _mask_bytes(n: int) -> int:
-    return (n + 127) // 128 * 16
 
 
 class Linear:
@@ -177,11 +169,11 @@ class Linear:
             return
         dt = prec.compute_dtype
         self._w = self._buffers.get("weight", self.weight.shape, dt)
-        copy_into(self._w, self.weight.value)
+        _core.copyto(self._w, self.weight.value)
         self._b = None
         if self.bias is not None:
             self._b = self._buffers.get("bias", self.bias.shape, dt)
-            copy_into(self._b, self.bias.value)
+            _core.copyto(self._b, self.bias.value)
 
     def forward(self, x: _core.DeviceArray, precision: Any = "fp32", *,
                 cast_weights: bool = True) -> _core.DeviceArray:
@@ -207,16 +199,16 @@ class Linear:
         dt = prec.compute_dtype
         if x.dtype != dt:
             xc = self._buffers.get("input", x.shape, dt)
-            copy_into(xc, x)
+            _core.copyto(xc, x)
             x = xc
         rows = x.shape[0]
         y = self._buffers.get("output", (rows, self.out_features), dt)
         aux = None
         if self.activation == "gelu":  # rows of the pre-activation a multiple of 8 elements apart
-            aux = self._buffers.get("aux", (rows, _pad8(self.out_features)), dt)
+            aux = self._buffers.get("aux", (rows, _gelu_aux_row(self.out_features)), dt)
             aux = aux[:, : self.out_features]
         elif self.activation == "relu":
-            aux = self._buffers.get("aux", (rows, _mask_bytes(self.out_features)), U8)
+            aux = self._buffers.get("aux", (rows, _relu_mask_bytes(self.out_features)), U8)
         mp = prec.matmul_precision
         if self.activation == "gelu":
             self._gelu_forward(x, y, aux, mp)

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import _core
-from ._util import arg_error, check_array, check_bool, check_real, copy_into
+from ._util import arg_error, check_array, check_bool, check_real
 
 __all__ = ["GradScaler"]
 
@@ -144,7 +144,7 @@ class GradScaler:
         if not self.enabled:
             return
         arrays = _grad_arrays(grads, "unscale_")
-        copy_into(self._found_inf, self._zero)
+        _core.copyto(self._found_inf, self._zero)
         _core.div(1.0, self._scale, out=self._inv_scale)
         _core._nn_unscale_(arrays, self._inv_scale, self._found_inf)
 

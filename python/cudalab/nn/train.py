@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _core
 from ..streams import graph as _graph
-from ._util import arg_error, check_array, check_bool, copy_into
+from ._util import arg_error, check_array, check_bool
 from .layers import MLP
 from .optim import Optimizer
 from .precision import Precision, get_precision
@@ -161,8 +161,8 @@ class Trainer:
                 raise arg_error(ValueError, "step", name,
                                 f"expected shape {have.shape} and dtype {have.dtype} (the first "
                                 f"step's), got {got.shape} {got.dtype}")
-        copy_into(self._x, x)
-        copy_into(self._labels, labels)
+        _core.copyto(self._x, x)
+        _core.copyto(self._labels, labels)
 
     def _run(self) -> None:
         _step(self.model, self.optimizer, self._x, self._labels, self.precision, self.scaler,
