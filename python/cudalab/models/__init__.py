@@ -27,12 +27,13 @@ The pieces the GPU model is built from, all NumPy:
     logits = models.reference.forward(params, x)         # (N, 1000) float32
 """
 
-from . import arch, imagenet, params, reference, weights
+from . import arch, imagenet, ops, params, plan, reference, weights
 from .arch import (RESNET50, RESNET50_PARAMETERS, Conv, GlobalAvgPool, Linear, MaxPool,
                    parameter_count, tensor_shapes)
 from .params import FoldedParams, GemmWeights, fold
 from .imagenet import IMAGENET_MEAN, IMAGENET_STD, preprocess
 from .weights import from_torchvision, init_weights, load_weights, save_weights
+from .resnet import PRECISIONS, GraphedForward, ResNet50, resnet50
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -42,6 +43,9 @@ __all__ = [
     "Conv",
     "FoldedParams",
     "GemmWeights",
+    "GraphedForward",
+    "PRECISIONS",
+    "ResNet50",
     "GlobalAvgPool",
     "Linear",
     "MaxPool",
@@ -51,10 +55,13 @@ __all__ = [
     "from_torchvision",
     "init_weights",
     "load_weights",
+    "ops",
     "params",
+    "plan",
     "parameter_count",
     "preprocess",
     "reference",
+    "resnet50",
     "save_weights",
     "tensor_shapes",
     "weights",
