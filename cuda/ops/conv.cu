@@ -30,51 +30,67 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
     T v[N];
 };
 
-// Output position (n, oh, ow) of output row r.
+// Output position (n, oh, ow) of output row r. 32-bit: the launchers refuse
+// more than INT32_MAX rows (64-bit division costs several times as much, and
+// the stem's im2col does little else).
 struct RowCoord {
-    int64_t n;
-    int oh, ow;
+    int n, oh, ow;
 };
 
-__device__ __forceinline__ RowCoord row_coord(int64_t r, int oh_size, int ow_size)
+__device__ __forceinline__ RowCoord row_coord(int r, int oh_size, int ow_size)
 {
     RowCoord p;
-    p.ow = (int)(r % ow_size);
-    int64_t t = r / ow_size;
-    p.oh = (int)(t % oh_size);
+    p.ow = r % ow_size;
+    int t = r / ow_size;
+    p.oh = t % oh_size;
     p.n = t / oh_size;
     return p;
 }
 
-// One thread per VEC columns of one output row. Tin == Tout when VEC > 1
-// (C % VEC == 0, so a vector never straddles two window taps).
-template <typename Tin, typename Tout, int VEC>
+// One thread per VEC consecutive columns of one output row, written as one
+// 16-byte store. With C % VEC == 0 (and Tin == Tout) the VEC columns are one
+// tap's channels: one 16-byte load. Otherwise (the stem: C = 3, float32 in)
+// the thread walks its columns tap by tap with scalar loads.
+template <typename Tin, typename Tout, int VEC, bool CHANNEL_VECTORS>
 __global__ void im2col_kernel(Tout *__restrict__ dst, const Tin *__restrict__ src,
                               cl_conv_geometry g, int64_t total)
 {
-    const int64_t cols = g.k_padded / VEC;
+    const int cols = g.k_padded / VEC;
     const int k = g.kh * g.kw * g.c;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / cols;
-        int j = (int)(i - r * cols) * VEC;
+        int r = (int)(i / cols);
+        int j = (int)(i - (int64_t)r * cols) * VEC;
+        RowCoord p = row_coord(r, g.oh, g.ow);
+        const int ih0 = p.oh * g.stride - g.padding, iw0 = p.ow * g.stride - g.padding;
+        const Tin *image = src + (int64_t)p.n * g.h * g.w * g.c;
         Vec<Tout, VEC> out;
+        int c = j % g.c, tap = j / g.c;
+        if constexpr (CHANNEL_VECTORS) {
+            int ih = ih0 + tap / g.kw, iw = iw0 + tap % g.kw;
+            if (j < k && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) {
+                out = *reinterpret_cast<const Vec<Tout, VEC> *>(
+                    image + ((int64_t)ih * g.w + iw) * g.c + c);
+            } else {
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            out.v[e] = cl::convert<Tout>(0.0f);
-        }
-        if (j < k) {
-            RowCoord p = row_coord(r, g.oh, g.ow);
-            int c = j % g.c;
-            int tap = j / g.c;
-            int ih = p.oh * g.stride - g.padding + tap / g.kw;
-            int iw = p.ow * g.stride - g.padding + tap % g.kw;
-            if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) {
-                const Tin *at = src + ((p.n * g.h + ih) * (int64_t)g.w + iw) * g.c + c;
-                if constexpr (VEC > 1) {
-                    out = *reinterpret_cast<const Vec<Tout, VEC> *>(at);
-                } else {
-                    out.v[0] = cl::convert<Tout>(at[0]);
+                for (int e = 0; e < VEC; e++) {
+                    out.v[e] = cl::convert<Tout>(0.0f);
+                }
+            }
+        } else {
+            int ky = tap / g.kw, kx = tap % g.kw;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                int ih = ih0 + ky, iw = iw0 + kx;
+                bool inside = j + e < k && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+                out.v[e] = inside ? cl::convert<Tout>(image[((int64_t)ih * g.w + iw) * g.c + c])
+                                  : cl::convert<Tout>(0.0f);
+                if (++c == g.c) {
+                    c = 0;
+                    if (++kx == g.kw) {
+                        kx = 0;
+                        ky++;
+                    }
                 }
             }
         }
@@ -95,8 +111,8 @@ __global__ void max_pool_kernel(T *__restrict__ dst, const T *__restrict__ src,
     const int groups = g.c / VEC;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / groups;
-        int c = (int)(i - r * groups) * VEC;
+        int r = (int)(i / groups);
+        int c = (int)(i - (int64_t)r * groups) * VEC;
         RowCoord p = row_coord(r, g.oh, g.ow);
         Vec<T, VEC> best;
         bool any = false;
@@ -110,7 +126,7 @@ __global__ void max_pool_kernel(T *__restrict__ dst, const T *__restrict__ src,
                 if (iw < 0 || iw >= g.w) {
                     continue;
                 }
-                const T *at = src + ((p.n * g.h + ih) * (int64_t)g.w + iw) * g.c + c;
+                const T *at = src + (((int64_t)p.n * g.h + ih) * g.w + iw) * g.c + c;
                 Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC> *>(at);
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
@@ -166,15 +182,15 @@ cudaError_t launch_im2col(void *dst, const void *src, const cl_conv_geometry *g,
 {
     int64_t rows = (int64_t)g->n * g->oh * g->ow;
     constexpr int vec = 16 / sizeof(Tout);
-    bool vectorize = std::is_same<Tin, Tout>::value && g->c % vec == 0 &&
-                     g->k_padded % vec == 0 && aligned16(dst) && aligned16(src);
-    if (vectorize) {
-        int64_t total = rows * (g->k_padded / vec);
-        im2col_kernel<Tin, Tout, vec><<<grid_for(total), kThreads, 0, stream>>>(
+    if (rows > INT32_MAX || g->k_padded % vec != 0 || !aligned16(dst)) {
+        return cudaErrorInvalidValue;
+    }
+    int64_t total = rows * (g->k_padded / vec);
+    if (std::is_same<Tin, Tout>::value && g->c % vec == 0 && aligned16(src)) {
+        im2col_kernel<Tin, Tout, vec, true><<<grid_for(total), kThreads, 0, stream>>>(
             (Tout *)dst, (const Tin *)src, *g, total);
     } else {
-        int64_t total = rows * g->k_padded;
-        im2col_kernel<Tin, Tout, 1><<<grid_for(total), kThreads, 0, stream>>>(
+        im2col_kernel<Tin, Tout, vec, false><<<grid_for(total), kThreads, 0, stream>>>(
             (Tout *)dst, (const Tin *)src, *g, total);
     }
     return cudaGetLastError();
@@ -186,6 +202,9 @@ cudaError_t launch_max_pool(void *dst, const void *src, const cl_conv_geometry *
 {
     int64_t pixels = (int64_t)g->n * g->oh * g->ow;
     constexpr int vec = 16 / sizeof(T);
+    if (pixels > INT32_MAX) {
+        return cudaErrorInvalidValue;
+    }
     if (g->c % vec == 0 && aligned16(dst) && aligned16(src)) {
         int64_t total = pixels * (g->c / vec);
         max_pool_kernel<T, vec><<<grid_for(total), kThreads, 0, stream>>>(
