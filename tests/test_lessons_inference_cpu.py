@@ -267,3 +267,55 @@ def test_command_without_a_gpu_exits_1_in_one_line(tmp_path, capsys):
 def test_lessons_without_a_gpu_raise_no_device_error(name):
     with pytest.raises(cudalab.NoDeviceError):
         lessons.run(name, quick=True)
+
+
+# ---- benchmarks/bench_resnet.py: the targets from given rows ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from _support import REPO_ROOT, load_module
+
+    return load_module(REPO_ROOT / "benchmarks" / "bench_resnet.py", "_bench_resnet_test")
+
+
+def _rows(**ms):
+    """Rows {'impl precision batch': median_ms}, e.g. cudalab_graph_fp16_1=0.4."""
+    rows = []
+    for key, value in ms.items():
+        *impl, precision, batch = key.split("_")
+        impl = " ".join(impl).replace("channels last", "channels_last")
+        rows.append({"impl": impl, "precision": precision, "batch": int(batch),
+                     "median_ms": value})
+    return rows
+
+
+def test_bench_targets_held_missed_and_not_measured(bench):
+    rows = _rows(cudalab_graph_fp16_1=0.45, cudalab_fp32_1=1.6, cudalab_fp16_128=10.0,
+                 cudalab_graph_fp16_128=9.0, torch_channels_last_fp16_128=12.0)
+    got = {t["target"].split(" ")[0] + str(i): t for i, t in
+           enumerate(bench.evaluate_targets(rows))}
+    assert [t["held"] for t in got.values()] == [True, False, True, None]
+    assert got["fp160"]["measured"] == pytest.approx(0.45) and got["fp160"]["unit"] == "ms"
+    assert got["fp321"]["measured"] == pytest.approx(1.6)
+    # fp16 b128: the fastest cudalab mode (graph, 9 ms) vs torch channels_last's 12 ms.
+    assert got["fp162"]["measured"] == pytest.approx(12.0 / 9.0)
+    assert got["fp162"]["impl"] == "cudalab graph"
+    assert got["bf163"]["measured"] is None and got["bf163"]["impl"] is None
+
+
+def test_bench_target_missed_below_the_ratio(bench):
+    rows = _rows(cudalab_bf16_128=10.0, torch_channels_last_bf16_128=11.0)
+    [t] = [t for t in bench.evaluate_targets(rows) if t["target"].startswith("bf16")]
+    assert t["measured"] == pytest.approx(1.1) and t["held"] is False
+
+
+def test_bench_compare_with_torch(bench):
+    rows = _rows(cudalab_fp16_8=2.0, torch_fp16_8=4.0, torch_channels_last_fp16_8=3.0,
+                 torch_graph_fp16_8=2.5, cudalab_fp16_1=1.0)
+    bench.compare_with_torch(rows)
+    ours = rows[0]
+    assert ours["vs_torch"] == pytest.approx(1.25) and ours["vs_torch_channels_last"] == 1.5
+    assert "vs_torch" not in rows[1] and "vs_torch" not in rows[-1]  # no torch at batch 1
+    text = bench.targets_text(bench.evaluate_targets(rows))
+    assert text.count("not measured") == 4
