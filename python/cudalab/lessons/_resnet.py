@@ -1,4 +1,5 @@
-"""What the ResNet-50 inference lesson, the ``inference`` command and benchmarks/bench_resnet.py share.
+"""ResNet-50 inference helpers shared by lesson ``inference``, ``cudalab inference``
+and benchmarks/bench_resnet.py.
 
 * argument parsing: batch sizes (``"1,8,16,32"``) and precisions
   (``"fp16"``, ``"fp32,bf16"``, dtype names accepted);

@@ -150,21 +150,27 @@ def _im2col_rows(r: LessonRun, L: _Layer, dtype: str) -> dict[str, float]:
     r.check(f"{c.name}: im2col vs NumPy", rel_error(cols.astype("float32").get(), L.cols_host()),
             TOL_IM2COL)
     nb = im2col_bytes(L.m, c.k_padded, L.x.size, itemsize)
-    t_cols = r.measure(f"{c.name} im2col", lambda: ops.im2col(
-        L.x, c.kh, c.kw, c.stride, c.padding, k_padded=c.k_padded, out=cols), bytes=nb, ceiling="copy")
     out = cudalab.empty((L.m, c.cout), dtype=dtype)
     w, b = L.dev["w_folded"], L.dev["bias"]
+
+    def im2col() -> None:
+        ops.im2col(L.x, c.kh, c.kw, c.stride, c.padding, k_padded=c.k_padded, out=cols)
+
+    def gemm() -> None:
+        ops.conv_gemm(cols, w, b, relu=c.relu, out=out)
+
+    def both() -> None:
+        im2col()
+        gemm()
+
     flops = 2.0 * L.m * c.k * c.cout
     gb = gemm_bytes(L.m, c.k_padded, c.cout, itemsize)
-    t_gemm = r.measure(f"{c.name} gemm", lambda: ops.conv_gemm(cols, w, b, relu=c.relu, out=out),
-                       flops=flops, ceiling=f"matmul_{dtype}")
-    both = r.measure(f"{c.name} im2col + gemm", lambda: ops.conv_gemm(
-        ops.im2col(L.x, c.kh, c.kw, c.stride, c.padding, k_padded=c.k_padded,
-                   out=cols), w, b, relu=c.relu, out=out),
-        flops=flops, ceiling=f"matmul_{dtype}")
-    times = {"im2col": t_cols.median, "gemm": t_gemm.median, "both": both.median,
+    t_cols = r.measure(f"{c.name} im2col", im2col, bytes=nb, ceiling="copy")
+    t_gemm = r.measure(f"{c.name} gemm", gemm, flops=flops, ceiling=f"matmul_{dtype}")
+    t_both = r.measure(f"{c.name} im2col + gemm", both, flops=flops, ceiling=f"matmul_{dtype}")
+    times = {"im2col": t_cols.median, "gemm": t_gemm.median, "both": t_both.median,
              "byte_share": nb / (nb + gb)}
-    for path, m in (("im2col", t_cols), ("gemm only", t_gemm), ("im2col + gemm", both)):
+    for path, m in (("im2col", t_cols), ("gemm only", t_gemm), ("im2col + gemm", t_both)):
         r.row(layer=c.name, kernel=f"{c.kh}x{c.kw}", path=path, ms=m.median * 1e3,
               gbps=m.gbps, tflops=m.tflops, pct_ceiling=m.percent_of_ceiling,
               ceiling=m.ceiling_name)
