@@ -131,20 +131,13 @@ def _row(m: Any, precision: str, batch: int) -> dict:
 
 def _precision_rows(cudalab: Any, torch: Any, cpu_module: Any, state: dict, timer: Any,
                     precision: str, batches: Sequence[int], x_h: Any) -> list[dict]:
-    import contextlib
-
     from cudalab import models
     from cudalab.lessons import _resnet as R
 
     model = models.resnet50(state, precision=precision)
     ceiling = R.CEILING_OF[precision]
     rows = []
-    with contextlib.ExitStack() as ctx:
-        twin = None
-        if cpu_module is not None:
-            ctx.enter_context(R.TorchPrecision(torch, precision))
-            ctx.enter_context(torch.no_grad())
-            twin = R.TorchTwin(torch, cpu_module, precision)
+    with R.torch_session(torch, cpu_module, precision) as twin:
         for b in batches:
             x = cudalab.asarray(x_h[:b])
             out = cudalab.empty((b, 1000), dtype="float32")
@@ -169,8 +162,6 @@ def _precision_rows(cudalab: Any, torch: Any, cpu_module: Any, state: dict, time
                 del replay, inputs
             model.release(b)
             cudalab.synchronize()
-        if twin is not None:
-            twin.release()
     model.release()
     cudalab.empty_cache()
     return rows
@@ -184,10 +175,8 @@ def _fp32_agreement(cudalab: Any, torch: Any, cpu_module: Any, state: dict, x_h:
     from cudalab.lessons import _resnet as R
 
     ours = models.resnet50(state, precision="fp32")(cudalab.asarray(x_h[:1])).get()
-    with R.TorchPrecision(torch, "fp32"), torch.no_grad():
-        twin = R.TorchTwin(torch, cpu_module, "fp32")
+    with R.torch_session(torch, cpu_module, "fp32") as twin:
         theirs = twin.call("eager", twin.inputs(x_h[:1])["eager"])().float().cpu().numpy()
-        twin.release()
     err = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     return {"fp32_b1_max_rel_err_vs_torch": err}
 

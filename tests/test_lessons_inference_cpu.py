@@ -319,3 +319,10 @@ def test_bench_compare_with_torch(bench):
     assert "vs_torch" not in rows[1] and "vs_torch" not in rows[-1]  # no torch at batch 1
     text = bench.targets_text(bench.evaluate_targets(rows))
     assert text.count("not measured") == 4
+
+
+def test_torch_session_without_torch_yields_none():
+    with R.torch_session(None, object(), "fp16") as twin:
+        assert twin is None
+    with R.torch_session(object(), None, "fp16") as twin:
+        assert twin is None

@@ -14,12 +14,13 @@ Nothing here needs a GPU at import time; torch and torchvision are optional.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["CEILING_OF", "DTYPE_OF", "MAX_BATCH", "PRECISIONS", "TorchPrecision", "TorchTwin",
+__all__ = ["CEILING_OF", "DTYPE_OF", "MAX_BATCH", "PRECISIONS", "TorchPrecision", "TorchTwin", "torch_session",
            "check_batch_sizes", "check_precisions", "images", "images_per_s",
            "parse_batch_sizes", "parse_precisions", "pct_of_peak", "torch_resnet50",
            "torchvision_or_none"]
@@ -231,3 +232,18 @@ class TorchTwin:
     def release(self) -> None:
         self.modules.clear()
         self.torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def torch_session(torch: Any, cpu_module: Any, precision: str) -> Iterator[TorchTwin | None]:
+    """``with torch_session(torch, cpu_module, precision) as twin:`` a `TorchTwin` under
+    `TorchPrecision` and ``torch.no_grad()``, released after; None without torch."""
+    if torch is None or cpu_module is None:
+        yield None
+        return
+    with TorchPrecision(torch, precision), torch.no_grad():
+        twin = TorchTwin(torch, cpu_module, precision)
+        try:
+            yield twin
+        finally:
+            twin.release()

@@ -17,7 +17,6 @@ the GPU runs it is timed at the host's pace, as a serving loop sees it.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -251,12 +250,7 @@ def _precision(r: LessonRun, state: dict, precision: str, batches: Sequence[int]
         _check_batch1(r, model, precision, x_h[:1], ref1)
     torch = r.torch() if cpu_module is not None else None
     got: dict[int, dict[str, float]] = {}
-    with contextlib.ExitStack() as ctx:
-        twin = None
-        if torch is not None:
-            ctx.enter_context(R.TorchPrecision(torch, precision))
-            ctx.enter_context(torch.no_grad())
-            twin = R.TorchTwin(torch, cpu_module, precision)
+    with R.torch_session(torch, cpu_module, precision) as twin:
         for b in batches:
             times = {f"cudalab {k}": v for k, v in
                      _ours(r, model, precision, b, x_h, r.params["graph"]).items()}
@@ -265,8 +259,6 @@ def _precision(r: LessonRun, state: dict, precision: str, batches: Sequence[int]
                               _theirs(r, torch, twin, model, precision, b, x_h, ref1).items()})
             got[b] = times
             model.release(b)
-        if twin is not None:
-            twin.release()
     model.release()
     return got
 
