@@ -148,7 +148,8 @@ def test_predict_on_uint8_images(fp32):
     assert idx.shape == prob.shape == (2, 5)
     assert idx.dtype == np.int64 and prob.dtype == np.float32
     assert ((0 <= idx) & (idx < 1000)).all()
-    assert (np.diff(prob, axis=1) <= 0).all() and (prob > 0).all()
+    # A randomly initialised network is very confident: the tail underflows to 0.
+    assert (np.diff(prob, axis=1) <= 0).all() and (prob >= 0).all() and (prob[:, 0] > 0).all()
     assert (prob.sum(axis=1) <= 1 + 1e-5).all()
     logits = fp32(models.preprocess(images)).get()
     np.testing.assert_array_equal(idx[:, 0], logits.argmax(axis=1))

@@ -348,7 +348,7 @@ def _half_findings(r: LessonRun, res: dict[str, dict], big: int) -> None:
              "--batch-sizes 1,8,16,32; FP16/BF16 for faster inference)",
         params={"batch_sizes": (1, 8, 16, 32), "precisions": R.PRECISIONS, "graph": True,
                 "cpu_batch_sizes": (1, 8)},
-        quick_params={"batch_sizes": (1, 8), "precisions": ("fp32", "fp16"),
+        quick_params={"batch_sizes": (1, 8), "precisions": ("fp16",),
                       "cpu_batch_sizes": (1,)},
         torch_twin=_torch_twin_label)
 def run(r: LessonRun) -> None:
