@@ -182,8 +182,15 @@ cudaError_t launch_im2col(void *dst, const void *src, const cl_conv_geometry *g,
 {
     int64_t rows = (int64_t)g->n * g->oh * g->ow;
     constexpr int vec = 16 / sizeof(Tout);
-    if (rows > INT32_MAX || g->k_padded % vec != 0 || !aligned16(dst)) {
+    if (rows > INT32_MAX) {
         return cudaErrorInvalidValue;
+    }
+    if (g->k_padded % vec != 0 || !aligned16(dst)) {
+        // Rows that are not whole 16-byte vectors: one element per thread.
+        int64_t total = rows * g->k_padded;
+        im2col_kernel<Tin, Tout, 1, false><<<grid_for(total), kThreads, 0, stream>>>(
+            (Tout *)dst, (const Tin *)src, *g, total);
+        return cudaGetLastError();
     }
     int64_t total = rows * (g->k_padded / vec);
     if (std::is_same<Tin, Tout>::value && g->c % vec == 0 && aligned16(src)) {

@@ -21,6 +21,8 @@ __all__ = ["conv_gemm", "global_avg_pool", "im2col", "max_pool2d"]
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _CACHE_SIZE = 64
+# float32 GEMMs: true fp32 or TF32, by the model's names or matmul's.
+_PRECISION_CODES = {"fp32": 0, "highest": 0, "tf32": 1, "high": 1}
 _programs: "OrderedDict[tuple, Any]" = OrderedDict()
 
 
@@ -194,8 +196,9 @@ def conv_gemm(a: _core.DeviceArray, w: _core.DeviceArray,
     accumulate : bool, optional
         Add out's contents (beta = 1): a residual block's shortcut, added
         before the ReLU.
-    precision : {'highest', 'high'}, optional
-        float32 only: fp32 or TF32 (default: get_float32_matmul_precision()).
+    precision : {'fp32', 'tf32', 'highest', 'high'}, optional
+        float32 only: true fp32 ('fp32' or 'highest') or TF32 ('tf32' or
+        'high'). Default: get_float32_matmul_precision().
 
     Returns
     -------
@@ -224,14 +227,14 @@ def conv_gemm(a: _core.DeviceArray, w: _core.DeviceArray,
         raise ValueError(f"{func}(): accumulate=True adds to out, which must be given")
     if precision is None:
         precision = _core.get_float32_matmul_precision()
-    if precision not in ("highest", "high"):
-        raise ValueError(f"{func}() argument 'precision': expected 'highest' or 'high', got "
-                         f"{precision!r}")
+    if precision not in _PRECISION_CODES:
+        raise ValueError(f"{func}() argument 'precision': expected one of "
+                         f"{', '.join(map(repr, _PRECISION_CODES))}, got {precision!r}")
     out = _out(out, func, (m, cout), str(a.dtype), a)
     if m and k and cout:
         slots = (a, w, out) if bias is None else (a, w, out, bias)
         bias_ref = (-1, 0) if bias is None else (3, 0)
         _run((("gemm", 0, 0, 1, 0, *bias_ref, 2, 0, str(a.dtype), str(a.dtype),
-               {"highest": 0, "high": 1}[precision], m, k, cout, int(relu),
+               _PRECISION_CODES[precision], m, k, cout, int(relu),
                int(accumulate)),), slots, func)
     return out
