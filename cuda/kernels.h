@@ -319,6 +319,31 @@ typedef struct cl_adamw_args {
 cudaError_t cl_mt_adamw(const cl_mt_tensor *tensors, int n, cl_dtype grad_dtype,
                         const cl_adamw_args *args, cudaStream_t stream);
 
+/* ---- conv.cu ---------------------------------------------------------------- */
+
+/* One NHWC convolution or pooling window: input (n, h, w, c), output (n, oh,
+ * ow, ...), a kh x kw window with square stride and symmetric zero padding.
+ * k_padded (im2col only) is the output row length, >= kh * kw * c. */
+typedef struct cl_conv_geometry {
+    int n, h, w, c;
+    int oh, ow;
+    int kh, kw, stride, padding;
+    int k_padded;
+} cl_conv_geometry;
+
+/* dst (n*oh*ow, k_padded) = the im2col matrix of contiguous NHWC src: row
+ * (n, oh, ow), columns (ky, kx, c), zeros over the padding and past K.
+ * dst_dtype == src_dtype, or src float32 and dst any float type (cast on
+ * store). Floating types only. */
+cudaError_t cl_im2col(void *dst, cl_dtype dst_dtype, const void *src, cl_dtype src_dtype,
+                      const cl_conv_geometry *g, cudaStream_t stream);
+/* dst (n, oh, ow, c) = max over each kh x kw window of contiguous NHWC src. */
+cudaError_t cl_max_pool_nhwc(void *dst, const void *src, cl_dtype dtype,
+                             const cl_conv_geometry *g, cudaStream_t stream);
+/* dst (n, c) = mean over the hw pixels of contiguous src (n, hw, c). */
+cudaError_t cl_avg_pool_nhwc(void *dst, const void *src, cl_dtype dtype, int64_t n, int64_t hw,
+                             int64_t c, cudaStream_t stream);
+
 /* ---- timing.cu ------------------------------------------------------------ */
 /* One thread spins `cycles` SM clock cycles (clock64); cycles >= 0. */
 cudaError_t cl_spin(long long cycles, cudaStream_t stream);

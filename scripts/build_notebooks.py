@@ -1146,6 +1146,70 @@ def pages() -> dict[str, Page]:
             ''',),
             try_params={"ks": (2, 16), "precision": "bf16", "batch": 4096},
         ),
+        "inference": Page(
+            intro="""
+                ResNet-50 inference, the tutorial's model comparison, on cudalab's own pieces:
+                NHWC activations, every convolution a cuBLASLt GEMM (kxk ones after an im2col
+                kernel), BatchNorm folded into the weights at load, bias and ReLU in the GEMM's
+                epilogue and the residual add through the GEMM's C input. The whole forward is one
+                call into C, and `capture()` records it in a CUDA graph. The lesson compares the
+                CPU (the NumPy reference, and torch when installed) with the GPU per batch size
+                and precision, eager against graph, beside torchvision when it is installed.
+            """,
+            claim="""
+                The GPU runs inference far faster than the CPU; larger batches raise throughput;
+                FP16/BF16 make inference faster; CUDA graphs cut the launch overhead of small
+                batches.
+            """,
+            timed="""
+                One forward at batch 1 and at batch 32 in fp16, eager and as a graph replay.
+            """,
+            cells=('''
+                import cudalab.models as models
+
+                model = models.resnet50(precision="fp16")
+                paced = timer.replace(hold=False)  # eager pays the host's launch pace: measure it
+                for n in (1, 8) if QUICK else (1, 32):
+                    x = cudalab.asarray(np.random.default_rng(0).standard_normal((n, 224, 224, 3), dtype=np.float32))
+                    eager = paced.measure(model, x, label=f"eager b{n}")
+                    g = model.capture(n)
+                    graph = paced.measure(g.replay, label=f"graph b{n}")
+                    print(f"batch {n:3d}: eager {eager.median * 1e3:6.3f} ms, graph {graph.median * 1e3:6.3f} ms, "
+                          f"{n / graph.median:8.0f} images/s")
+            ''',),
+            try_params={"batch_sizes": (1, 64, 256), "precisions": ("bf16", "tf32")},
+        ),
+        "conv_as_gemm": Page(
+            intro="""
+                A convolution is a GEMM over the windows of its input: im2col writes each output
+                pixel's window as one row (kh * kw * C columns), and a (cout, K) weight multiplies
+                them all at once. A 1x1 convolution needs no im2col: its rows are the activation
+                itself. The lesson times one 3x3 and one 1x1 layer of ResNet-50: the im2col copy's
+                share of the time, and what fusing BatchNorm, the residual add and ReLU into the
+                GEMM's epilogue saves over separate kernels.
+            """,
+            claim="""
+                Fusing element-wise work into the kernel that produces its input saves memory
+                passes; data movement, not math, is often what a layer costs.
+            """,
+            timed="""
+                im2col for a 3x3 layer, then its GEMM with the bias and ReLU fused.
+            """,
+            cells=('''
+                from cudalab.models import ops
+
+                n = 8 if QUICK else 32
+                x = cudalab.asarray(np.random.default_rng(0).standard_normal((n, 28, 28, 128), dtype=np.float32)).astype("float16")
+                w = cudalab.asarray(np.random.default_rng(1).standard_normal((128, 9 * 128), dtype=np.float32)).astype("float16")
+                b = cudalab.asarray(np.random.default_rng(2).standard_normal(128, dtype=np.float32)).astype("float16")
+                cols = ops.im2col(x, 3, 3, 1, 1)
+                m_cols = timer.measure(ops.im2col, x, 3, 3, 1, 1, None, None, cols, label="im2col")
+                m_gemm = timer.measure(ops.conv_gemm, cols, w, b, True, label="gemm+bias+relu")
+                print(f"im2col {m_cols.median * 1e3:.3f} ms, GEMM {m_gemm.median * 1e3:.3f} ms "
+                      f"({m_cols.median / (m_cols.median + m_gemm.median):.0%} of the layer in im2col)")
+            ''',),
+            try_params={"batch": 128, "dtype": "bfloat16"},
+        ),
     }
 
 

@@ -909,3 +909,22 @@ def notebook_texts(value):
 def absolute_paths(nb) -> list[str]:
     """absolute_paths(nb) -> list of str: the texts of `nb` that hold an absolute path."""
     return [t for t in notebook_texts(nb) if any(root in t for root in ABSOLUTE_ROOTS)]
+
+
+# ===================================================== errors relative to the largest value
+
+
+def max_rel_err(got, want) -> float:
+    """max_rel_err(got, want) -> float
+
+    ``max |got - want| / max |want|`` in float64: the error of a model's
+    logits "relative to the largest |logit|" (one bad element counts in
+    full, unlike `rel_err`'s L2 norm). Where `want` is all zeros, the
+    absolute ``max |got - want|``.
+    """
+    got = np.asarray(to_host(got), dtype=np.float64)
+    want = np.asarray(to_host(want), dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    diff = float(np.abs(got - want).max(initial=0.0))
+    scale = float(np.abs(want).max(initial=0.0))
+    return diff / scale if scale > 0 else diff

@@ -78,6 +78,7 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_nn_linear_methods) < 0 ||
         PyModule_AddFunctions(module, cl_optim_methods) < 0 ||
         PyModule_AddFunctions(module, cl_loss_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_convnet_methods) < 0 ||
         PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
         PyModule_AddFunctions(module, cl_timing_methods) < 0 ||
         PyModule_AddFunctions(module, cl_graph_methods) < 0 ||

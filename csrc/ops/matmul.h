@@ -7,6 +7,7 @@
  *                  plan cache (cuBLASLt descriptors and heuristic choice),
  *                  and the GEMM call itself
  *   linear.c       the nn Linear layer's GEMMs: plans with a fused epilogue
+ *   conv.c         convolution as GEMM and the network forward (owned plans)
  */
 #ifndef CUDALAB_OPS_MATMUL_H
 #define CUDALAB_OPS_MATMUL_H
@@ -79,6 +80,13 @@ int cl_mm_run(cl_state *st, const cl_mm_exec *ex, const void *x, const void *y, 
 /* The same with an epilogue's pointers and beta (`args` NULL: none, beta 0). */
 int cl_mm_run_args(cl_state *st, const cl_mm_exec *ex, const void *x, const void *y, void *c,
                    const cl_mm_args *args);
+/* A plan the caller owns (not in the per-thread cache), with this thread's
+ * handle for `stream` in ex->handle. Free it with cl_mm_plan_free. */
+int cl_mm_plan_new(cl_state *st, const cl_mm_key *key, cudaStream_t stream, cl_mm_exec *ex);
+void cl_mm_plan_free(struct mm_plan *plan);
+/* This thread's handle for `device` (current), ready for work on `stream`
+ * (ex->plan untouched): to run an owned plan from another call. */
+int cl_mm_bind(cl_state *st, int device, cudaStream_t stream, cl_mm_exec *ex);
 /* Whether the prepared plan runs on cuBLASLt (false: cuBLAS fallback, which
  * a plan with an epilogue cannot use). */
 bool cl_mm_uses_lt(const cl_mm_exec *ex);

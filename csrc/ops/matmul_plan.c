@@ -516,16 +516,54 @@ plan_get(cl_state *st, mm_thread *t, mm_handle *h, const cl_mm_key *key)
 int
 cl_mm_prepare(cl_state *st, const cl_mm_key *key, cudaStream_t stream, cl_mm_exec *ex)
 {
+    if (cl_mm_bind(st, key->device, stream, ex) < 0) {
+        return -1;
+    }
+    ex->plan = plan_get(st, pthread_getspecific(thread_key), ex->handle, key);
+    return ex->plan == NULL ? -1 : 0;
+}
+
+/* Plans owned by the caller (ops/conv.c's network forward): made once, outside
+ * the per-thread cache, so a network with more distinct GEMMs than the cache
+ * holds never re-runs the heuristic per call. Any thread may run one (the
+ * descriptors are host objects; the algorithm does not depend on the handle). */
+int
+cl_mm_plan_new(cl_state *st, const cl_mm_key *key, cudaStream_t stream, cl_mm_exec *ex)
+{
+    if (cl_mm_bind(st, key->device, stream, ex) < 0) {
+        return -1;
+    }
+    mm_plan *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (plan_create(st, ex->handle, p, key) < 0) {
+        free(p);
+        return -1;
+    }
+    ex->plan = p;
+    return 0;
+}
+
+void
+cl_mm_plan_free(struct mm_plan *plan)
+{
+    if (plan != NULL) {
+        plan_release(plan);
+        free(plan);
+    }
+}
+
+int
+cl_mm_bind(cl_state *st, int device, cudaStream_t stream, cl_mm_exec *ex)
+{
     mm_thread *t = get_thread_state();
     if (t == NULL) {
         return -1;
     }
-    ex->handle = get_handle(st, t, key->device, stream);
-    if (ex->handle == NULL) {
-        return -1;
-    }
-    ex->plan = plan_get(st, t, ex->handle, key);
-    return ex->plan == NULL ? -1 : 0;
+    ex->handle = get_handle(st, t, device, stream);
+    return ex->handle == NULL ? -1 : 0;
 }
 
 /* ---- the product ------------------------------------------------------------------- */

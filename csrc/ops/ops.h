@@ -9,6 +9,7 @@
  *   linear.c       nn Linear: forward and backward GEMMs with fused epilogues
  *   optim.c        fused multi-tensor unscale, loss-scale update, SGD, AdamW
  *   loss.c         nn: the fused softmax cross-entropy (forward + backward)
+ *   convnet.c      a conv network's forward as one compiled program (models)
  */
 #ifndef CUDALAB_OPS_OPS_H
 #define CUDALAB_OPS_OPS_H
@@ -25,6 +26,7 @@ extern PyMethodDef cl_blas_methods[];        /* ops/matmul.c */
 extern PyMethodDef cl_nn_linear_methods[];   /* ops/linear.c */
 extern PyMethodDef cl_optim_methods[];       /* ops/optim.c (nn: scaler, optimizers) */
 extern PyMethodDef cl_loss_methods[];        /* ops/loss.c (nn) */
+extern PyMethodDef cl_convnet_methods[];     /* ops/convnet.c (models) */
 
 /* DeviceArray's number protocol (array/array.c's slots point here). Binary slots
  * receive operands in either order and return Py_NotImplemented for types

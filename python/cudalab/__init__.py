@@ -172,6 +172,7 @@ __all__ += [  # streams, events, CUDA graphs
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
 __all__ += ["bench", "lessons"]  # measurement, the lessons
 __all__ += ["nn"]  # layers, optimizers, loss scaling (loaded lazily)
+__all__ += ["models"]  # ResNet-50: architecture, weights, NumPy reference (loaded lazily)
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
 __all__ += ["profiler"]  # op profiler
 
@@ -179,11 +180,12 @@ __all__ += ["profiler"]  # op profiler
 if _TYPE_CHECKING:
     from . import lessons  # noqa: F401  (for type checkers; loaded lazily below)
     from . import nn  # noqa: F401
+    from . import models  # noqa: F401
 
 
 def __getattr__(name: str):
-    # The lessons (17 modules) and nn load on first use, not with every `import cudalab`.
-    if name in ("lessons", "nn"):
+    # The lessons (17 modules), nn and models load on first use, not with every `import cudalab`.
+    if name in ("lessons", "nn", "models"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

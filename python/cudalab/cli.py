@@ -13,6 +13,8 @@ Commands:
 * ``lessons``, ``lesson NAME``, ``run-all``, ``cpu-vs-gpu`` and ``memory``:
   the lessons of cudalab.lessons (see cli_lessons.py).
 
+* ``inference``: the guide's model inference comparison (see cli_inference.py).
+
 ``cudalab --version`` prints the version.
 """
 
@@ -27,6 +29,7 @@ from typing import Any, Sequence
 from . import __version__, _core, _nvml
 from .cli_bench import add_parsers as add_bench_parsers
 from .cli_bench import output_file
+from .cli_inference import add_parsers as add_inference_parsers
 from .cli_lessons import add_parsers as add_lesson_parsers
 from .devices import get_device_properties
 from .memory import format_bytes
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_cmd_check)
     add_bench_parsers(sub)
     add_lesson_parsers(sub)
+    add_inference_parsers(sub)
     return parser
 
 

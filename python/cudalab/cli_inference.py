@@ -1,0 +1,80 @@
+"""The ``inference`` command: the guide's model inference comparison, as lesson ``inference``.
+
+``cudalab inference --model resnet50 --batch-sizes 1,8,16,32 [--dtype fp16]
+[--graph] [--json PATH]`` runs ResNet-50 on the CPU (the NumPy reference,
+torch when installed) and on the GPU for each batch size, in the precisions
+``--dtype`` names (default fp32, as the guide's script; a comma list for
+several), eagerly and, with ``--graph``, replayed from a CUDA graph, with
+torchvision's model beside it when torch and torchvision are installed. The
+CPU runs at the smallest batch size only unless ``--cpu-batch-sizes`` says
+otherwise. Output, ``--json`` and ``--markdown`` are those of ``cudalab
+lesson inference``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from .cli_bench import _common
+from .cli_lessons import _run, _running
+from .lessons import _resnet as R
+
+__all__ = ["add_parsers", "lesson_params"]
+
+MODELS = ("resnet50",)
+
+
+def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a parser raising ValueError."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def lesson_params(args: argparse.Namespace) -> dict[str, Any]:
+    """lesson_params(args) -> dict
+
+    The inference lesson's parameters from the command's arguments: the
+    batch sizes, the precisions (``--dtype``), ``graph`` from ``--graph``,
+    and the CPU batch sizes (default: the smallest batch size).
+    """
+    batches = args.batch_sizes
+    cpu = args.cpu_batch_sizes if args.cpu_batch_sizes is not None else (min(batches),)
+    return {"batch_sizes": batches, "precisions": args.dtype, "graph": bool(args.graph),
+            "cpu_batch_sizes": cpu}
+
+
+def _cmd_inference(args: argparse.Namespace) -> int:
+    return _run(args, "inference", [("inference", lesson_params(args))])
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``inference`` to the CLI."""
+    parser = sub.add_parser(
+        "inference", parents=[_common(), _running()],
+        help="the guide's model inference comparison: CPU vs GPU per batch size (lesson "
+             "inference)",
+        description="Run ResNet-50 inference on the CPU and the GPU per batch size and "
+                    "precision (lesson inference), beside torchvision's resnet50 with the "
+                    "same weights when torch and torchvision are installed.")
+    parser.add_argument("--model", choices=MODELS, default="resnet50",
+                        help="the network (default resnet50)")
+    parser.add_argument("--batch-sizes", type=_argtype(R.parse_batch_sizes), metavar="N,N,...",
+                        default=(1, 8, 16, 32),
+                        help=f"batch sizes, each 1..{R.MAX_BATCH} (default 1,8,16,32, as "
+                             "the guide)")
+    parser.add_argument("--dtype", type=_argtype(R.parse_precisions), metavar="P[,P...]",
+                        default=("fp32",),
+                        help=f"precisions among {', '.join(R.PRECISIONS)} (float16, bfloat16 "
+                             "also accepted); default fp32")
+    parser.add_argument("--graph", action="store_true",
+                        help="also replay each forward from a CUDA graph")
+    parser.add_argument("--cpu-batch-sizes", type=_argtype(R.parse_batch_sizes),
+                        metavar="N,N,...", default=None,
+                        help="batch sizes run on the CPU (default: the smallest batch size)")
+    parser.set_defaults(func=_cmd_inference)
