@@ -383,3 +383,9 @@ def _nn_adamw_(
     weight_decay: float = 0.01, found_inf: DeviceArray | None = None,
     grad_scale: DeviceArray | None = None,
 ) -> None: ...
+
+# ---- models: a network forward as one compiled program (csrc/ops/convnet.c) ----------------
+# steps: tuples ("im2col" | "max_pool" | "avg_pool" | "gemm", ...) over slot indices and byte
+# offsets (format at the top of convnet.c; cudalab.models.plan writes them).
+def _convnet_compile(steps: tuple[tuple[Any, ...], ...], slots: tuple[DeviceArray, ...], name: str) -> Any: ...  # a program capsule
+def _convnet_run(program: Any, slots: tuple[DeviceArray, ...]) -> None: ...
