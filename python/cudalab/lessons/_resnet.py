@@ -20,14 +20,17 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from ..nn.precision import PRECISIONS as _NN_PRECISIONS
+
 __all__ = ["CEILING_OF", "DTYPE_OF", "MAX_BATCH", "PRECISIONS", "TorchPrecision", "TorchTwin", "torch_session",
            "check_batch_sizes", "check_precisions", "images", "images_per_s",
            "parse_batch_sizes", "parse_precisions", "pct_of_peak", "torch_resnet50",
            "torchvision_or_none"]
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-# The dtype activations and weights are stored in, per precision.
-DTYPE_OF = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# cudalab.models' precisions (cudalab.nn's names), and the dtype each stores
+# activations and weights in.
+PRECISIONS = tuple(_NN_PRECISIONS)
+DTYPE_OF = {name: str(p.compute_dtype) for name, p in _NN_PRECISIONS.items()}
 # The measured GEMM ceiling a precision's convolutions are compared with.
 CEILING_OF = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
               "bf16": "matmul_bfloat16"}

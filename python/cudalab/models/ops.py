@@ -12,17 +12,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Optional
 
-import numpy as np
 
 from .. import _core
+from ..nn._util import check_int
 from .arch import conv_output_size
+from .plan import PRECISION_CODES
 
 __all__ = ["conv_gemm", "global_avg_pool", "im2col", "max_pool2d"]
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _CACHE_SIZE = 64
-# float32 GEMMs: true fp32 or TF32, by the model's names or matmul's.
-_PRECISION_CODES = {"fp32": 0, "highest": 0, "tf32": 1, "high": 1}
 _programs: "OrderedDict[tuple, Any]" = OrderedDict()
 
 
@@ -59,15 +58,6 @@ def _array(x: Any, func: str, param: str, ndim: int,
     if not x.is_contiguous:
         raise ValueError(f"{func}() argument '{param}': must be C-contiguous")
     return x
-
-
-def _int(value: Any, func: str, param: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{func}() argument '{param}': expected an int, got "
-                        f"{type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{func}() argument '{param}': must be >= {low}, got {value}")
-    return int(value)
 
 
 def _out(out: Any, func: str, shape: tuple, dtype: str, like: _core.DeviceArray) -> Any:
@@ -109,11 +99,11 @@ def im2col(x: _core.DeviceArray, kh: int, kw: int, stride: int = 1, padding: int
     """
     func = "im2col"
     x = _array(x, func, "x", 4)
-    kh, kw = _int(kh, func, "kh", 1), _int(kw, func, "kw", 1)
-    stride, padding = _int(stride, func, "stride", 1), _int(padding, func, "padding", 0)
+    kh, kw = check_int(kh, func, "kh", 1), check_int(kw, func, "kw", 1)
+    stride, padding = check_int(stride, func, "stride", 1), check_int(padding, func, "padding", 0)
     n, h, w, c = x.shape
     k = kh * kw * c
-    k_padded = k if k_padded is None else _int(k_padded, func, "k_padded", max(k, 1))
+    k_padded = k if k_padded is None else check_int(k_padded, func, "k_padded", max(k, 1))
     dtype = str(x.dtype) if dtype is None else dtype
     if dtype not in _FLOAT_DTYPES or (dtype != str(x.dtype) and str(x.dtype) != "float32"):
         raise TypeError(f"{func}() argument 'dtype': {x.dtype} input gives {x.dtype} only "
@@ -138,8 +128,8 @@ def max_pool2d(x: _core.DeviceArray, kernel: int = 3, stride: int = 2, padding: 
     """
     func = "max_pool2d"
     x = _array(x, func, "x", 4)
-    kernel, stride = _int(kernel, func, "kernel", 1), _int(stride, func, "stride", 1)
-    padding = _int(padding, func, "padding", 0)
+    kernel, stride = check_int(kernel, func, "kernel", 1), check_int(stride, func, "stride", 1)
+    padding = check_int(padding, func, "padding", 0)
     if 2 * padding > kernel:
         raise ValueError(f"{func}(): padding must be at most half the kernel, got "
                          f"padding {padding} for kernel {kernel}")
@@ -227,14 +217,14 @@ def conv_gemm(a: _core.DeviceArray, w: _core.DeviceArray,
         raise ValueError(f"{func}(): accumulate=True adds to out, which must be given")
     if precision is None:
         precision = _core.get_float32_matmul_precision()
-    if precision not in _PRECISION_CODES:
+    if precision not in PRECISION_CODES:
         raise ValueError(f"{func}() argument 'precision': expected one of "
-                         f"{', '.join(map(repr, _PRECISION_CODES))}, got {precision!r}")
+                         f"{', '.join(map(repr, PRECISION_CODES))}, got {precision!r}")
     out = _out(out, func, (m, cout), str(a.dtype), a)
     if m and k and cout:
         slots = (a, w, out) if bias is None else (a, w, out, bias)
         bias_ref = (-1, 0) if bias is None else (3, 0)
         _run((("gemm", 0, 0, 1, 0, *bias_ref, 2, 0, str(a.dtype), str(a.dtype),
-               _PRECISION_CODES[precision], m, k, cout, int(relu),
+               PRECISION_CODES[precision], m, k, cout, int(relu),
                int(accumulate)),), slots, func)
     return out

@@ -34,7 +34,7 @@ from typing import Any
 from .arch import RESNET50, Conv, GlobalAvgPool, Layer, Linear, MaxPool, last_reads, \
     tensor_shapes
 
-__all__ = ["ALIGN", "SLOT_FC_BIAS", "SLOT_IMAGES", "SLOT_LOGITS", "SLOT_WEIGHTS",
+__all__ = ["ALIGN", "ITEMSIZE", "PRECISION_CODES", "SLOT_FC_BIAS", "SLOT_IMAGES", "SLOT_LOGITS", "SLOT_WEIGHTS",
            "SLOT_WORKSPACE", "Plan", "WeightLayout", "gemm_flops", "plan_forward",
            "weight_layout"]
 
@@ -45,7 +45,11 @@ SLOT_WORKSPACE, SLOT_WEIGHTS, SLOT_IMAGES, SLOT_LOGITS, SLOT_FC_BIAS = range(5)
 # alignment its plan was made for.
 ALIGN = 256
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Bytes per element of the model dtypes.
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+# A float32 GEMM step's precision code: true fp32 or TF32, by the model's
+# precision names or matmul's.
+PRECISION_CODES = {"fp32": 0, "highest": 0, "tf32": 1, "high": 1}
 
 
 def _align(nbytes: int) -> int:
@@ -75,7 +79,7 @@ def weight_layout(layers: tuple[Layer, ...], dtype: str) -> WeightLayout:
     Pack every Conv's and the Linear's GEMM weight and bias, each aligned to
     :data:`ALIGN` bytes, in execution order.
     """
-    size = _ITEMSIZE[dtype]
+    size = ITEMSIZE[dtype]
     offsets: dict[str, tuple[int, int]] = {}
     at = 0
     for layer in layers:
@@ -192,7 +196,7 @@ def plan_forward(batch: int, dtype: str, precision: str, weights: WeightLayout,
         float32 GEMMs: fp32 or TF32 (ignored for half dtypes).
     weights : WeightLayout
     """
-    size = _ITEMSIZE[dtype]
+    size = ITEMSIZE[dtype]
     shapes = tensor_shapes(batch, height, width, layers)
     where, count = _assign_buffers(layers)
     act_bytes = max(_align(_prod(shape) * size) for name, shape in shapes.items()
@@ -229,7 +233,7 @@ def plan_forward(batch: int, dtype: str, precision: str, weights: WeightLayout,
         else:
             w_off, _ = weights.offsets[layer.name]
             steps.append(("gemm", *slot_of(layer.src), SLOT_WEIGHTS, w_off, SLOT_FC_BIAS, 0,
-                          *slot_of(layer.dst), dtype, "float32", _code(precision),
+                          *slot_of(layer.dst), dtype, "float32", PRECISION_CODES[precision],
                           batch, layer.cin, layer.cout, 0, 0))
     return Plan(tuple(steps), scratch + count * act_bytes, scratch, offsets,
                 gemm_flops(batch, height, width, layers))
@@ -249,13 +253,9 @@ def _conv_steps(layer: Conv, src: tuple, dst: tuple, slot_of: Any, weights: Weig
         a = (SLOT_WORKSPACE, 0)
     w_off, b_off = weights.offsets[layer.name]
     steps.append(("gemm", *a, SLOT_WEIGHTS, w_off, SLOT_WEIGHTS, b_off, *slot_of(layer.dst),
-                  dtype, dtype, _code(precision), n * oh * ow, k, layer.cout,
+                  dtype, dtype, PRECISION_CODES[precision], n * oh * ow, k, layer.cout,
                   int(layer.relu), int(layer.residual is not None)))
     return steps
-
-
-def _code(precision: str) -> int:
-    return {"highest": 0, "high": 1}[precision]
 
 
 def _prod(shape: tuple) -> int:

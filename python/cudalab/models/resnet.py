@@ -21,39 +21,21 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import _core
+from ..nn._util import check_int
+from ..nn.precision import PRECISIONS as _NN_PRECISIONS
+from ..nn.precision import get_precision
 from ..streams import graph as _graph
 from .arch import RESNET50, Conv, Linear, NUM_CLASSES
 from .imagenet import preprocess
 from .params import FoldedParams, fold
-from .plan import (SLOT_FC_BIAS, SLOT_IMAGES, SLOT_LOGITS, SLOT_WEIGHTS, SLOT_WORKSPACE,
-                   gemm_flops, plan_forward, weight_layout)
+from .plan import (ITEMSIZE, SLOT_FC_BIAS, SLOT_IMAGES, SLOT_LOGITS, SLOT_WEIGHTS,
+                   SLOT_WORKSPACE, gemm_flops, plan_forward, weight_layout)
 from .weights import from_torchvision, init_weights, load_weights
 
 __all__ = ["GraphedForward", "PRECISIONS", "ResNet50", "resnet50"]
 
-# Precision name -> (activation and weight dtype, float32 matmul precision).
-PRECISIONS = {
-    "fp32": ("float32", "highest"),
-    "tf32": ("float32", "high"),
-    "fp16": ("float16", "highest"),
-    "bf16": ("bfloat16", "highest"),
-}
-
-
-def _check_precision(precision: Any, func: str) -> str:
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"{func}() argument 'precision': expected one of "
-                         f"{', '.join(map(repr, PRECISIONS))}, got {precision!r}")
-    return precision
-
-
-def _check_batch(batch: Any, func: str, param: str = "batch_size") -> int:
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)):
-        raise TypeError(f"{func}() argument '{param}': expected an int, got "
-                        f"{type(batch).__name__}")
-    if batch < 1:
-        raise ValueError(f"{func}() argument '{param}': must be >= 1, got {batch}")
-    return int(batch)
+# The precision names, as cudalab.nn's (their dtypes and matmul precisions come from there).
+PRECISIONS = tuple(_NN_PRECISIONS)
 
 
 def _state_from(weights: Any, seed: int) -> dict:
@@ -88,7 +70,7 @@ def resnet50(weights: Any = None, *, precision: str = "fp32", seed: int = 0) -> 
     seed : int, optional
         For the random initialisation.
     """
-    _check_precision(precision, "resnet50")
+    get_precision(precision, "resnet50")
     return ResNet50(fold(_state_from(weights, seed)), precision=precision)
 
 
@@ -107,8 +89,10 @@ class ResNet50:
     """
 
     def __init__(self, params: FoldedParams, precision: str = "fp32") -> None:
-        self.precision = _check_precision(precision, "ResNet50")
-        self.dtype, self._matmul_precision = PRECISIONS[precision]
+        prec = get_precision(precision, "ResNet50")
+        self.precision = prec.name
+        self.dtype = str(prec.compute_dtype)
+        self._matmul_precision = prec.matmul_precision or "highest"  # unused by half GEMMs
         self.params = params
         self.layers = RESNET50
         self._layout = weight_layout(self.layers, self.dtype)
@@ -119,7 +103,7 @@ class ResNet50:
 
     def _upload(self) -> _core.DeviceArray:
         """Every GEMM weight as (cout, K padded), and every conv bias, in one buffer."""
-        size = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
+        size = ITEMSIZE[self.dtype]
         host = np.zeros(self._layout.nbytes // size, np.float32)
         for layer in self.layers:
             if not isinstance(layer, (Conv, Linear)):
@@ -211,7 +195,7 @@ class ResNet50:
         result copies the images into its input buffer and replays the graph
         (one launch for the whole network).
         """
-        return GraphedForward(self, _check_batch(batch_size, "capture"), height, width)
+        return GraphedForward(self, check_int(batch_size, "capture", "batch_size"), height, width)
 
     def predict(self, images: Any, top: int = 5) -> tuple[np.ndarray, np.ndarray]:
         """predict(images, top=5) -> (indices, probabilities)
@@ -232,7 +216,7 @@ class ResNet50:
         probabilities : ndarray
             float32 (N, top), softmax of the logits.
         """
-        top = _check_batch(top, "predict", "top")
+        top = check_int(top, "predict", "top")
         x = preprocess(images)
         logits = self.forward(x).get().astype(np.float64)
         logits -= logits.max(axis=1, keepdims=True)
@@ -243,11 +227,11 @@ class ResNet50:
 
     def gemm_flops(self, batch: int, height: int = 224, width: int = 224) -> int:
         """Useful FLOPs of the forward's GEMMs for a batch (2 M N K, K unpadded)."""
-        return gemm_flops(_check_batch(batch, "gemm_flops", "batch"), height, width, self.layers)
+        return gemm_flops(check_int(batch, "gemm_flops", "batch"), height, width, self.layers)
 
     def workspace_bytes(self, batch: int, height: int = 224, width: int = 224) -> int:
         """Bytes of the workspace a forward of this batch uses (allocated once, kept)."""
-        batch = _check_batch(batch, "workspace_bytes", "batch")
+        batch = check_int(batch, "workspace_bytes", "batch")
         return plan_forward(batch, self.dtype, self._matmul_precision, self._layout, height,
                             width, self.layers).workspace_bytes
 
