@@ -8,6 +8,7 @@
  *   runtime/  devices, the memory pool, streams and events, CUDA graphs
  *   prof/     the op profiler, NVTX, timing kernels for the harness
  *   ops/      element-wise, reductions, transpose, RNG, matmul
+ *   dist/     NCCL loaded at run time, communicators and their collectives
  *
  * The kernels they call are declared in cuda/kernels.h. docs/design.md
  * describes the layers and how to add an op.
@@ -21,5 +22,6 @@
 #include "prof/prof.h"
 #include "core/op_frame.h"
 #include "ops/ops.h"
+#include "dist/dist.h"
 
 #endif /* CUDALAB_H */

@@ -595,8 +595,10 @@ copy_to_host(cl_op *op, PyArrayObject *out, const DeviceArray *src, bool async)
     size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
     cudaError_t err = cudaSuccess;
     if (nbytes > 0) {
-        err = cudaMemcpyAsync(PyArray_DATA(out), src->data, nbytes, cudaMemcpyDeviceToHost,
-                              op->stream);
+        /* Into pageable memory the call returns only when the copy is done
+         * (and after everything before it on the stream): without the GIL. */
+        CL_WITHOUT_GIL(err = cudaMemcpyAsync(PyArray_DATA(out), src->data, nbytes,
+                                             cudaMemcpyDeviceToHost, op->stream));
     }
     cl_prof_gpu_done(op->st, &op->prof);
     if (err == cudaSuccess && nbytes > 0 && !async) {
@@ -660,6 +662,65 @@ DeviceArray_get(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyOb
     }
     return cl_array_to_host(cl_state_from_type(Py_TYPE(self)), "get", self,
                             argv[0] == Py_None ? NULL : argv[0], non_blocking != 0);
+}
+
+PyDoc_STRVAR(to_doc,
+"to(device, copy=False)\n--\n\n"
+"The same values on `device` (an index, or 'cuda:N' / 'cuda' as torch\n"
+"spells it): this array itself when it is there already (a copy with\n"
+"copy=True), else a new C-contiguous array filled by one peer copy, direct\n"
+"over NVLink or PCIe when peer access is on (enable_peer_access), staged\n"
+"through host memory by the driver otherwise. Asynchronous like every op:\n"
+"ordered after the work on this array's device, and the work enqueued later\n"
+"on either device's current stream waits for it.");
+
+/* A device argument as torch users write it: an int, "cuda" or "cuda:N". */
+static int
+parse_target_device(cl_state *st, PyObject *obj, const char *func, int *device)
+{
+    if (!PyUnicode_Check(obj)) {
+        if (obj == Py_None) {
+            return cl_expected_type_error(func, "device", "an int or 'cuda:N'", obj);
+        }
+        return cl_parse_device(st, obj, func, device);
+    }
+    const char *text = PyUnicode_AsUTF8(obj);
+    if (text == NULL) {
+        return -1;
+    }
+    if (strcmp(text, "cuda") == 0) {
+        return cl_parse_device(st, Py_None, func, device);
+    }
+    char *end = NULL;
+    long index = strncmp(text, "cuda:", 5) == 0 && text[5] != '\0' ? strtol(text + 5, &end, 10)
+                                                                    : -1;
+    if (end == NULL || *end != '\0' || index < 0 || index >= CL_MAX_DEVICES) {
+        return cl_arg_error(PyExc_ValueError, func, "device",
+                            "expected a device index, 'cuda' or 'cuda:N', got %R", obj);
+    }
+    PyObject *as_int = PyLong_FromLong(index);
+    int rc = as_int == NULL ? -1 : cl_parse_device(st, as_int, func, device);
+    Py_XDECREF(as_int);
+    return rc;
+}
+
+static PyObject *
+DeviceArray_to(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"device", "copy", NULL};
+    cl_state *st = cl_state_from_type(Py_TYPE(self));
+    PyObject *argv[2];
+    int device, copy = 0;
+    if (cl_parse_args("to", args, nargs, kwnames, names, 1, argv) < 0 ||
+        (argv[1] != NULL && (copy = PyObject_IsTrue(argv[1])) < 0) ||
+        parse_target_device(st, argv[0], "to", &device) < 0) {
+        return NULL;
+    }
+    if (device == self->device) {
+        return copy ? (PyObject *)cl_array_copy_op(st, "to", self, self->dtype)
+                    : Py_NewRef((PyObject *)self);
+    }
+    return (PyObject *)cl_array_to_device(st, "to", self, device);
 }
 
 PyDoc_STRVAR(copy_doc,
@@ -1085,6 +1146,7 @@ static PyMethodDef DeviceArray_methods[] = {
     {"__dlpack_device__", (PyCFunction)cl_array_dlpack_device, METH_NOARGS,
      "__dlpack_device__()\n--\n\n(2, device): kDLCUDA and the device index."},
     {"copy", (PyCFunction)DeviceArray_copy, METH_NOARGS, copy_doc},
+    {"to", (PyCFunction)(void (*)(void))DeviceArray_to, METH_FASTCALL | METH_KEYWORDS, to_doc},
     {"astype", (PyCFunction)(void (*)(void))DeviceArray_astype, METH_FASTCALL | METH_KEYWORDS,
      astype_doc},
     {"transpose", (PyCFunction)(void (*)(void))DeviceArray_transpose, METH_FASTCALL,

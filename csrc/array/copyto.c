@@ -108,6 +108,56 @@ fail:
     return rc;
 }
 
+/* dst and src on two devices: the same dtype and shape, dst C-contiguous;
+ * one peer copy on dst's device (runtime/peer.c says how it is ordered). */
+static PyObject *
+copyto_between_devices(cl_state *st, DeviceArray *dst, DeviceArray *src)
+{
+    static const char *func = "copyto";
+    bool same_shape = dst->ndim == src->ndim;
+    for (int i = 0; same_shape && i < dst->ndim; i++) {
+        same_shape = dst->shape[i] == src->shape[i];
+    }
+    if (src->dtype != dst->dtype) {
+        return cl_arg_error(PyExc_TypeError, func, "src",
+                            "is on device %d and dst on device %d: a copy between devices "
+                            "keeps the dtype (src %s, dst %s); convert on one device first",
+                            src->device, dst->device, cl_dtype_name(src->dtype),
+                            cl_dtype_name(dst->dtype)), NULL;
+    }
+    if (!same_shape) {
+        return cl_arg_error(PyExc_ValueError, func, "src",
+                            "is on device %d and dst on device %d: a copy between devices "
+                            "needs the same shape (no broadcasting)", src->device,
+                            dst->device), NULL;
+    }
+    if (!cl_is_c_contiguous(dst)) {
+        return cl_arg_error(PyExc_ValueError, func, "dst",
+                            "must be C-contiguous for a copy from another device (src is on "
+                            "device %d, dst on device %d)", src->device, dst->device), NULL;
+    }
+    DeviceArray *from = cl_is_c_contiguous(src)
+                            ? (DeviceArray *)Py_NewRef((PyObject *)src)
+                            : cl_array_copy_op(st, func, src, src->dtype);
+    if (from == NULL) {
+        return NULL;
+    }
+    cl_op op;
+    cl_op_init(&op, st, func);
+    op.device = dst->device;
+    if (cl_op_begin(&op) < 0) {
+        Py_DECREF(from);
+        return NULL;
+    }
+    PyObject *result = cl_copy_between_devices(st, dst, op.stream, from) < 0
+                           ? NULL : Py_NewRef(Py_None);
+    cl_prof_info info = {.dtype = (int)dst->dtype, .bytes = cl_prof_nbytes(dst), .flops = -1,
+                         .ninputs = 1, .inputs = {src}, .out_ndim = dst->ndim,
+                         .out_shape = dst->shape};
+    Py_DECREF(from);
+    return cl_op_end(&op, result, CL_OP_PROFILING(&op) ? &info : NULL);
+}
+
 PyDoc_STRVAR(copyto_doc,
 "copyto(dst, src)\n--\n\n"
 "Copy `src` into `dst` on the device, as NumPy's ``np.copyto(dst, src)``.\n\n"
@@ -125,7 +175,9 @@ PyDoc_STRVAR(copyto_doc,
 "Notes\n"
 "-----\n"
 "One kernel (or one cudaMemcpyAsync) on the current stream, reading src\n"
-"once and writing dst once; asynchronous like every op.");
+"once and writing dst once; asynchronous like every op.\n\n"
+"dst and src may be on different devices when they have the same dtype and\n"
+"shape and dst is C-contiguous: one peer copy, as DeviceArray.to() makes.");
 
 static PyObject *
 copyto(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -133,9 +185,16 @@ copyto(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     static const char *const names[] = {"dst", "src", NULL};
     PyObject *argv[2];
     copyto_call c = {0};
-    cl_op_init(&c.op, cl_state_from_module(module), "copyto");
-    if (cl_parse_args("copyto", args, nargs, kwnames, names, 2, argv) < 0 ||
-        copyto_validate(&c, argv[0], argv[1]) < 0 || cl_op_begin(&c.op) < 0) {
+    cl_state *st = cl_state_from_module(module);
+    cl_op_init(&c.op, st, "copyto");
+    if (cl_parse_args("copyto", args, nargs, kwnames, names, 2, argv) < 0) {
+        return NULL;
+    }
+    if (CL_IS_DEVICEARRAY(st, argv[0]) && CL_IS_DEVICEARRAY(st, argv[1]) &&
+        ((DeviceArray *)argv[0])->device != ((DeviceArray *)argv[1])->device) {
+        return copyto_between_devices(st, (DeviceArray *)argv[0], (DeviceArray *)argv[1]);
+    }
+    if (copyto_validate(&c, argv[0], argv[1]) < 0 || cl_op_begin(&c.op) < 0) {
         return NULL;
     }
     int rc = copyto_run(&c);

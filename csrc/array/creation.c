@@ -260,8 +260,10 @@ copy_from_host(cl_op *op, DeviceArray *out, PyArrayObject *host, bool async)
     size_t nbytes = (size_t)PyArray_NBYTES(host);
     cudaError_t err = cudaSuccess;
     if (nbytes > 0) {
-        err = cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes, cudaMemcpyHostToDevice,
-                              op->stream);
+        /* From pageable memory the call itself waits while the driver stages
+         * the bytes: let other threads run meanwhile. */
+        CL_WITHOUT_GIL(err = cudaMemcpyAsync(out->data, PyArray_DATA(host), nbytes,
+                                             cudaMemcpyHostToDevice, op->stream));
     }
     cl_prof_gpu_done(op->st, &op->prof);
     if (err == cudaSuccess && async) {

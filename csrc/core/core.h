@@ -52,11 +52,14 @@ typedef struct cl_state {
     PyTypeObject *Stream_Type;   /* runtime/stream.c */
     PyTypeObject *Event_Type;    /* runtime/stream.c */
     PyTypeObject *CUDAGraph_Type; /* runtime/graph.c */
+    PyTypeObject *NcclComm_Type;  /* dist/comm.c */
     PyObject *CudalabError;
     PyObject *CudaError;
     PyObject *CublasError;
     PyObject *OutOfMemoryError;
     PyObject *NoDeviceError;
+    PyObject *DistributedError;
+    PyObject *NcclError;
     PyArray_Descr *descr[CL_NUM_DTYPES]; /* canonical NumPy dtype of each cl_dtype */
     PyObject *bfloat16_type;             /* ml_dtypes.bfloat16 */
     int device_count;                    /* -1 until first asked */

@@ -5,6 +5,8 @@
  *     CublasError                       a cublasStatus_t, same attributes
  *     OutOfMemoryError(.., MemoryError) .requested .allocated .reserved .free .total .limit
  *     NoDeviceError                     no GPU or no driver
+ *     DistributedError                  rendezvous, timeouts, an aborted communicator
+ *       NcclError                       an ncclResult_t, same attributes as CudaError
  *
  * Bad arguments are plain TypeError/ValueError whose message starts with
  * "<func>() argument '<param>': ". */
@@ -46,6 +48,19 @@ cl_errors_init(PyObject *module, cl_state *st)
         "No CUDA device (or no driver) is available for a call that needs one.",
         st->CudalabError);
     if (st->CudaError == NULL || st->CublasError == NULL || st->NoDeviceError == NULL) {
+        return -1;
+    }
+    st->DistributedError = new_exception(module, "DistributedError",
+        "A multi-process or multi-GPU operation failed: the rendezvous, a peer that\n"
+        "died or hung (the watchdog's timeout), a communicator that was aborted.",
+        st->CudalabError);
+    if (st->DistributedError == NULL) {
+        return -1;
+    }
+    st->NcclError = new_exception(module, "NcclError",
+        "An NCCL call failed.\n\nAttributes: code (the ncclResult_t value), name\n"
+        "(e.g. 'ncclInvalidUsage'), expression, file, line.", st->DistributedError);
+    if (st->NcclError == NULL) {
         return -1;
     }
     PyObject *bases = PyTuple_Pack(2, st->CudalabError, PyExc_MemoryError);

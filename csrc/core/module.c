@@ -63,7 +63,8 @@ cl_exec(PyObject *module)
         return -1;
     }
 
-    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st) < 0) {
+    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st) < 0 ||
+        cl_dist_init(module, st) < 0) {
         return -1;
     }
     if (PyModule_AddFunctions(module, cl_device_methods) < 0 ||
@@ -82,6 +83,7 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_interop_methods) < 0 ||
         PyModule_AddFunctions(module, cl_timing_methods) < 0 ||
         PyModule_AddFunctions(module, cl_graph_methods) < 0 ||
+        PyModule_AddFunctions(module, cl_peer_methods) < 0 ||
         cl_profiler_init(module, st) < 0) {
         return -1;
     }
@@ -99,11 +101,14 @@ cl_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->Stream_Type);
     Py_VISIT(st->Event_Type);
     Py_VISIT(st->CUDAGraph_Type);
+    Py_VISIT(st->NcclComm_Type);
     Py_VISIT(st->CudalabError);
     Py_VISIT(st->CudaError);
     Py_VISIT(st->CublasError);
     Py_VISIT(st->OutOfMemoryError);
     Py_VISIT(st->NoDeviceError);
+    Py_VISIT(st->DistributedError);
+    Py_VISIT(st->NcclError);
     Py_VISIT(st->bfloat16_type);
     for (int i = 0; i < CL_NUM_DTYPES; i++) {
         Py_VISIT(st->descr[i]);
@@ -119,11 +124,14 @@ cl_clear(PyObject *module)
     Py_CLEAR(st->Stream_Type);
     Py_CLEAR(st->Event_Type);
     Py_CLEAR(st->CUDAGraph_Type);
+    Py_CLEAR(st->NcclComm_Type);
     Py_CLEAR(st->CudalabError);
     Py_CLEAR(st->CudaError);
     Py_CLEAR(st->CublasError);
     Py_CLEAR(st->OutOfMemoryError);
     Py_CLEAR(st->NoDeviceError);
+    Py_CLEAR(st->DistributedError);
+    Py_CLEAR(st->NcclError);
     Py_CLEAR(st->bfloat16_type);
     for (int i = 0; i < CL_NUM_DTYPES; i++) {
         Py_CLEAR(st->descr[i]);

@@ -516,9 +516,13 @@ _philox4x32_10(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
         goto fail;
     }
     CL_CUDA_CHECK(op.st, cl_philox4x32_10((uint32_t *)buf->data, counter, key, op.stream));
-    CL_CUDA_CHECK(op.st, cudaMemcpyAsync(words, buf->data, sizeof words, cudaMemcpyDeviceToHost,
-                                         op.stream));
-    CL_WITHOUT_GIL(err = cudaStreamSynchronize(op.stream));
+    /* Into pageable memory: the copy itself waits for the stream. */
+    Py_BEGIN_ALLOW_THREADS
+    err = cudaMemcpyAsync(words, buf->data, sizeof words, cudaMemcpyDeviceToHost, op.stream);
+    if (err == cudaSuccess) {
+        err = cudaStreamSynchronize(op.stream);
+    }
+    Py_END_ALLOW_THREADS
     CL_CUDA_CHECK(op.st, err);
     result = Py_BuildValue("(kkkk)", (unsigned long)words[0], (unsigned long)words[1],
                            (unsigned long)words[2], (unsigned long)words[3]);

@@ -151,7 +151,10 @@ cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t s
             (void)cudaSetDevice(device);
         }
         if (overflow) {
-            if (cudaDeviceSynchronize() != cudaSuccess) {
+            /* Called from a DeviceArray's dealloc, which holds the GIL. */
+            cudaError_t err;
+            CL_WITHOUT_GIL(err = cudaDeviceSynchronize());
+            if (err != cudaSuccess) {
                 (void)cudaGetLastError();
             }
         }
@@ -163,7 +166,9 @@ cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t s
                     cudaStreamWaitEvent(stream, ev, 0) != cudaSuccess) {
                     /* Cannot order the free: wait for the device instead. */
                     (void)cudaGetLastError();
-                    if (cudaDeviceSynchronize() != cudaSuccess) {
+                    cudaError_t err;
+                    CL_WITHOUT_GIL(err = cudaDeviceSynchronize());
+                    if (err != cudaSuccess) {
                         (void)cudaGetLastError();
                     }
                 }

@@ -4,6 +4,7 @@
  *   memory.c    the stream-ordered pool, its counters and statistics
  *   stream.c    Stream and Event, the current stream every op is enqueued on
  *   graph.c     CUDAGraph capture and replay
+ *   peer.c      peer access and copies between devices
  */
 #ifndef CUDALAB_RUNTIME_RUNTIME_H
 #define CUDALAB_RUNTIME_RUNTIME_H
@@ -37,6 +38,8 @@ int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_
 /* The calling thread's current stream on the current device (the legacy
  * default stream, 0, unless a `with Stream:` block set one). */
 cudaStream_t cl_current_stream(cl_state *st);
+/* The same for `device`, whichever device is current. */
+cudaStream_t cl_current_stream_of(int device);
 int cl_stream_init(PyObject *module, cl_state *st);
 /* Record that `a`'s memory is used on `s` (on its root owner), so its free
  * waits for `s`'s work. Never raises. */
@@ -65,6 +68,19 @@ bool cl_graph_thread_capturing(void);
  * Call it before the CUDA call that would. */
 int cl_refuse_while_capturing(cl_state *st, const char *func, const char *what);
 extern PyMethodDef cl_graph_methods[]; /* is_current_stream_capturing */
+
+/* ---- several devices (peer.c) --------------------------------------------- */
+
+extern PyMethodDef cl_peer_methods[]; /* can_access_peer, enable/disable_peer_access */
+/* Copy src (C-contiguous) into dst (C-contiguous, as many bytes, another
+ * device) on `dst_stream`, the current stream of dst's device, ordered after
+ * the source device's current stream, which then waits for the copy. The
+ * caller's current device is put back. Returns 0 or -1. */
+int cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
+                            const DeviceArray *src);
+/* `a`'s values in a new C-contiguous array on `device` (another device than
+ * a's), as the op `func`. */
+DeviceArray *cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device);
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 

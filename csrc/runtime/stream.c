@@ -68,6 +68,15 @@ cl_current_stream(cl_state *st)
     return tl_handle[device];
 }
 
+cudaStream_t
+cl_current_stream_of(int device)
+{
+    if (tl_num_set == 0 || device < 0 || device >= CL_MAX_DEVICES) {
+        return (cudaStream_t)0;
+    }
+    return tl_handle[device];
+}
+
 /* Make `stream` (a StreamObject or NULL) current for `device`; steals nothing. */
 static void
 set_current(int device, PyObject *stream)

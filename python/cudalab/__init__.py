@@ -21,6 +21,8 @@ from ._core import (
     CudaError,
     CudalabError,
     DeviceArray,
+    DistributedError,
+    NcclError,
     NoDeviceError,
     OutOfMemoryError,
     argmax,
@@ -76,6 +78,8 @@ _ELEMENTWISE = _core._elementwise_functions()
 globals().update({_name: getattr(_core, _name) for _name in _ELEMENTWISE})
 # Pinned host memory and interop.
 from ._core import from_dlpack, is_pinned, pinned_empty
+# Several GPUs: peer access (copies between devices: DeviceArray.to, copyto).
+from ._core import can_access_peer, disable_peer_access, enable_peer_access
 from .devices import (
     DeviceProperties,
     device,
@@ -105,6 +109,8 @@ __all__ = [
     "CudalabError",
     "DeviceArray",
     "DeviceProperties",
+    "DistributedError",
+    "NcclError",
     "NoDeviceError",
     "OutOfMemoryError",
     "argmax",
@@ -170,9 +176,11 @@ __all__ += [  # streams, events, CUDA graphs
     "stream",
 ]
 __all__ += ["from_dlpack", "is_pinned", "pinned_empty"]  # pinned memory, interop
+__all__ += ["can_access_peer", "disable_peer_access", "enable_peer_access"]  # several GPUs
 __all__ += ["bench", "lessons"]  # measurement, the lessons
 __all__ += ["nn"]  # layers, optimizers, loss scaling (loaded lazily)
 __all__ += ["models"]  # ResNet-50: architecture, weights, NumPy reference (loaded lazily)
+__all__ += ["distributed"]  # NCCL process groups, launcher, data/pipeline parallelism (lazily)
 __all__ += ["monitor"]  # GpuMonitor (needs nvidia-ml-py)
 __all__ += ["profiler"]  # op profiler
 
@@ -181,11 +189,12 @@ if _TYPE_CHECKING:
     from . import lessons  # noqa: F401  (for type checkers; loaded lazily below)
     from . import nn  # noqa: F401
     from . import models  # noqa: F401
+    from . import distributed  # noqa: F401
 
 
 def __getattr__(name: str):
-    # The lessons (17 modules), nn and models load on first use, not with every `import cudalab`.
-    if name in ("lessons", "nn", "models"):
+    # The lessons, nn, models and distributed load on first use, not with every `import cudalab`.
+    if name in ("lessons", "nn", "models", "distributed"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -1,0 +1,212 @@
+/* Several GPUs in one process: peer access and copies between devices.
+ *
+ * A copy between devices is one cudaMemcpyPeerAsync. With peer access on,
+ * the copy engines move the bytes over NVLink or PCIe directly; without it
+ * the driver stages them through host memory. Either way it must be
+ * ordered against both devices' work: it runs on the destination's current
+ * stream after an event recorded on the source's current stream, and the
+ * source's current stream then waits for the copy, so neither a later write
+ * of the source nor its free can overtake the read (the same two-way
+ * ordering torch's cross-device copy_ does). */
+#include "cudalab.h"
+
+int
+cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
+                        const DeviceArray *src)
+{
+    size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
+    cudaStream_t src_stream = cl_current_stream_of(src->device);
+    cudaEvent_t ready = NULL, done = NULL;
+    int previous, rc = -1;
+    if (nbytes == 0) {
+        return 0;
+    }
+    if (cl_device_enter(st, src->device, &previous) < 0) {
+        return -1;
+    }
+    CL_CUDA_CHECK(st, cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CL_CUDA_CHECK(st, cudaEventRecord(ready, src_stream));
+    CL_CUDA_CHECK(st, cudaSetDevice(dst->device));
+    CL_CUDA_CHECK(st, cudaStreamWaitEvent(dst_stream, ready, 0));
+    CL_CUDA_CHECK(st, cudaMemcpyPeerAsync(dst->data, dst->device, src->data, src->device, nbytes,
+                                          dst_stream));
+    CL_CUDA_CHECK(st, cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CL_CUDA_CHECK(st, cudaEventRecord(done, dst_stream));
+    CL_CUDA_CHECK(st, cudaStreamWaitEvent(src_stream, done, 0));
+    cl_array_note_stream(src, src_stream);
+    cl_array_note_stream(dst, dst_stream);
+    rc = 0;
+fail:
+    /* Destroying a recorded event is fine: CUDA frees it once it completes. */
+    if (ready != NULL) {
+        (void)cudaEventDestroy(ready);
+    }
+    if (done != NULL) {
+        (void)cudaEventDestroy(done);
+    }
+    (void)cudaSetDevice(previous); /* the caller's device, whichever is current now */
+    return rc;
+}
+
+DeviceArray *
+cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device)
+{
+    DeviceArray *src = a, *out = NULL;
+    cl_op op;
+    /* NCCL and peer copies read one block: compact a view with gaps first,
+     * on its own device (a profiled copy of its own). */
+    if (!cl_is_c_contiguous(a)) {
+        src = cl_array_copy_op(st, func, a, a->dtype);
+        if (src == NULL) {
+            return NULL;
+        }
+    }
+    else {
+        Py_INCREF(src);
+    }
+    cl_op_init(&op, st, func);
+    op.device = device;
+    if (cl_op_begin(&op) < 0) {
+        Py_DECREF(src);
+        return NULL;
+    }
+    out = cl_op_new(&op, a->ndim, a->shape, NULL, a->dtype);
+    if (out != NULL && cl_copy_between_devices(st, out, op.stream, src) < 0) {
+        Py_CLEAR(out);
+    }
+    cl_prof_info info = {
+        .dtype = (int)a->dtype,
+        .bytes = cl_prof_nbytes(a),
+        .flops = -1,
+        .ninputs = 1,
+        .inputs = {a},
+        .out_ndim = a->ndim,
+        .out_shape = a->shape,
+    };
+    Py_DECREF(src);
+    return (DeviceArray *)cl_op_end(&op, (PyObject *)out, CL_OP_PROFILING(&op) ? &info : NULL);
+}
+
+/* ---- Python functions ------------------------------------------------------ */
+
+/* (device, peer_device) for the functions below (device None: the current
+ * one); two different devices unless `same_ok`. */
+static int
+parse_pair(cl_state *st, const char *func, PyObject *device_obj, PyObject *peer_obj,
+           bool same_ok, int *device, int *peer)
+{
+    if (peer_obj == Py_None) {
+        return cl_expected_type_error(func, "peer_device", "an int", peer_obj);
+    }
+    if (cl_parse_device(st, device_obj, func, device) < 0) {
+        return -1;
+    }
+    /* cl_parse_device names its parameter 'device'; say which one was wrong. */
+    Py_ssize_t index;
+    if (cl_parse_index(peer_obj, func, "peer_device", &index) < 0) {
+        return -1;
+    }
+    if (index < 0 || index >= cl_device_count(st)) {
+        return cl_arg_error(PyExc_ValueError, func, "peer_device",
+                            "device %zd does not exist (%d device%s visible)", index,
+                            cl_device_count(st), cl_device_count(st) == 1 ? "" : "s");
+    }
+    *peer = (int)index;
+    if (*peer == *device && !same_ok) {
+        return cl_arg_error(PyExc_ValueError, func, "peer_device",
+                            "is device %d itself: peer access is between two devices", *peer);
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(can_access_peer_doc,
+"can_access_peer(device, peer_device)\n--\n\n"
+"Whether kernels and copies on `device` can reach `peer_device`'s memory\n"
+"directly (cudaDeviceCanAccessPeer), as torch.cuda.can_device_access_peer.\n"
+"False for a device and itself.");
+
+static PyObject *
+can_access_peer(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"device", "peer_device", NULL};
+    static const char *func = "can_access_peer";
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    int device, peer, can = 0;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0) {
+        return NULL;
+    }
+    if (argv[0] == Py_None) {
+        return cl_expected_type_error(func, "device", "an int", argv[0]), NULL;
+    }
+    if (parse_pair(st, func, argv[0], argv[1], true, &device, &peer) < 0) {
+        return NULL;
+    }
+    if (device == peer) {
+        Py_RETURN_FALSE; /* as torch answers for a device and itself */
+    }
+    CL_CUDA_CHECK(st, cudaDeviceCanAccessPeer(&can, device, peer));
+    return PyBool_FromLong(can);
+fail:
+    return NULL;
+}
+
+/* enable_peer_access / disable_peer_access: `enable` picks which. */
+static PyObject *
+set_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                const char *func, bool enable)
+{
+    static const char *const names[] = {"peer_device", "device", NULL};
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    int device = -1, peer = -1, previous;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0 ||
+        parse_pair(st, func, argv[1], argv[0], false, &device, &peer) < 0 ||
+        cl_device_enter(st, device, &previous) < 0) {
+        return NULL;
+    }
+    cudaError_t err = enable ? cudaDeviceEnablePeerAccess(peer, 0)
+                             : cudaDeviceDisablePeerAccess(peer);
+    cl_device_exit(device, previous);
+    if (err == cudaErrorPeerAccessAlreadyEnabled || err == cudaErrorPeerAccessNotEnabled) {
+        (void)cudaGetLastError(); /* nothing changed */
+        Py_RETURN_FALSE;
+    }
+    CL_CUDA_CHECK(st, err);
+    Py_RETURN_TRUE;
+fail:
+    return NULL;
+}
+
+PyDoc_STRVAR(enable_peer_access_doc,
+"enable_peer_access(peer_device, device=None)\n--\n\n"
+"Let `device` (default: the current one) reach `peer_device`'s memory\n"
+"directly (cudaDeviceEnablePeerAccess): copies between them skip host\n"
+"memory. One direction only; call it the other way round too.\n\n"
+"Returns\n-------\nbool\n    True when it was enabled now, False when it was already on.\n\n"
+"Raises\n------\nCudaError\n    cudaErrorPeerAccessUnsupported where can_access_peer() is False.");
+
+static PyObject *
+enable_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return set_peer_access(module, args, nargs, kwnames, "enable_peer_access", true);
+}
+
+PyDoc_STRVAR(disable_peer_access_doc,
+"disable_peer_access(peer_device, device=None)\n--\n\n"
+"Undo enable_peer_access: copies from `device` to `peer_device` are staged\n"
+"by the driver again.\n\n"
+"Returns\n-------\nbool\n    True when it was on, False when it was already off.");
+
+static PyObject *
+disable_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return set_peer_access(module, args, nargs, kwnames, "disable_peer_access", false);
+}
+
+PyMethodDef cl_peer_methods[] = {
+    CL_FASTCALL(can_access_peer),
+    CL_FASTCALL(enable_peer_access),
+    CL_FASTCALL(disable_peer_access),
+    {NULL, NULL, 0, NULL},
+};
