@@ -16,7 +16,9 @@
  * thread prints one line, aborts the communicator (ncclCommAbort ends the
  * spinning kernels, so a blocked synchronize returns) and raises
  * DistributedError in the main thread at its next Python instruction, the
- * way KeyboardInterrupt is raised. Every later call raises it again.
+ * way KeyboardInterrupt is raised. Every later call raises it again. NCCL's
+ * abort may itself wait for the node's other ranks, so a process still
+ * alive EXIT_GRACE_S later exits (reaper_main): nothing hangs.
  *
  * Locks. `call_lock` is held, with the GIL released, around each NCCL call on
  * the communicator, and by the watchdog before it aborts, so an abort never
@@ -28,6 +30,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +39,8 @@
 #define WATCH_SLOTS 256       /* collectives watched at once (the host waits beyond) */
 #define WATCH_POLL_MS 100     /* how often the watchdog looks */
 #define ABORT_LOCK_WAIT_S 2   /* how long it waits for a call in flight before aborting */
+#define EXIT_GRACE_S 10       /* a process still alive this long after the watchdog fired exits */
+#define EXIT_STATUS 1
 #define GROUP_MEMBERS 64
 
 typedef struct {
@@ -53,6 +58,9 @@ typedef struct {
     double timeout;           /* seconds; 0: no watchdog */
     bool closed;              /* destroy() or abort() ran in this thread */
     atomic_bool aborted;      /* the communicator is gone (abort, watchdog) */
+    atomic_bool fired;        /* the watchdog fired ... */
+    atomic_bool abort_done;   /* ... and its ncclCommAbort returned */
+    bool leaked;              /* a fired watchdog still runs: never free this object */
     char error[640];          /* why, written before `aborted` is set */
     pthread_mutex_t call_lock;
     /* Watchdog (watching: the thread runs or ran and must be joined). */
@@ -91,16 +99,19 @@ raise_pending(void *arg)
     return -1;
 }
 
-/* Abort the communicator once: record why, wait (bounded) for a call in
- * flight, ncclCommAbort. Never touches Python. */
+/* Mark the communicator gone (calls refuse from now on, with `why`). */
 static void
-abort_comm(NcclComm *self, const char *why)
+mark_aborted(NcclComm *self, const char *why)
 {
-    if (atomic_load(&self->aborted)) {
-        return;
-    }
     snprintf(self->error, sizeof self->error, "%s", why);
     atomic_store(&self->aborted, true);
+}
+
+/* ncclCommAbort after a call in flight returns (bounded wait: a call stuck
+ * inside NCCL is what the abort is for). Never touches Python. */
+static void
+abort_nccl(NcclComm *self)
+{
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += ABORT_LOCK_WAIT_S;
@@ -111,13 +122,34 @@ abort_comm(NcclComm *self, const char *why)
     }
 }
 
-/* The watchdog fires: say so, abort, and have the main thread raise. */
+/* The last resort: ncclCommAbort may wait for the other ranks of the node to
+ * abort too (NCCL frees memory they may still use), and a kernel waiting
+ * for a dead peer may keep the main thread in a synchronize. A process
+ * still alive EXIT_GRACE_S after the watchdog fired ends itself, as torch's
+ * NCCL watchdog tears its process down, so that nothing hangs. */
+static void *
+reaper_main(void *arg)
+{
+    int rank = (int)(intptr_t)arg;
+    struct timespec left = {EXIT_GRACE_S, 0};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
+    fprintf(stderr, "cudalab.distributed: rank %d still running %d s after its watchdog fired; "
+                    "exiting with status %d\n", rank, EXIT_GRACE_S, EXIT_STATUS);
+    fflush(stderr);
+    _exit(EXIT_STATUS);
+    return NULL;
+}
+
+/* The watchdog fires: say why, make the main thread raise, start the
+ * reaper, abort. */
 static void
 watchdog_fire(NcclComm *self, const char *why)
 {
+    atomic_store(&self->fired, true);
     fprintf(stderr, "cudalab.distributed: %s\n", why);
     fflush(stderr);
-    abort_comm(self, why);
+    mark_aborted(self, why);
     for (int attempt = 0; attempt < 50; attempt++) {
         char *copy = strdup(why);
         if (copy == NULL || Py_AddPendingCall(raise_pending, copy) == 0) {
@@ -127,6 +159,12 @@ watchdog_fire(NcclComm *self, const char *why)
         struct timespec pause = {0, 10 * 1000 * 1000};
         nanosleep(&pause, NULL);
     }
+    pthread_t reaper;
+    if (pthread_create(&reaper, NULL, reaper_main, (void *)(intptr_t)self->rank) == 0) {
+        pthread_detach(reaper);
+    }
+    abort_nccl(self);
+    atomic_store(&self->abort_done, true);
 }
 
 /* ---- the watchdog thread ---------------------------------------------------- */
@@ -224,7 +262,10 @@ watch_push(NcclComm *self, cudaStream_t stream, const char *what)
     pthread_mutex_unlock(&self->lock);
 }
 
-/* Stop and join the watchdog (GIL released by the caller). */
+/* Stop and join the watchdog (GIL released by the caller). A watchdog that
+ * fired may be stuck in ncclCommAbort waiting for peers: it is left to the
+ * reaper after a short wait, and the object is then never freed (`leaked`),
+ * since that thread still uses it. */
 static void
 watchdog_stop(NcclComm *self)
 {
@@ -235,6 +276,18 @@ watchdog_stop(NcclComm *self)
     self->stop = true;
     pthread_cond_signal(&self->wake);
     pthread_mutex_unlock(&self->lock);
+    if (atomic_load(&self->fired)) {
+        for (int i = 0; i < 200 && !atomic_load(&self->abort_done); i++) {
+            struct timespec pause = {0, 10 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        if (!atomic_load(&self->abort_done)) {
+            pthread_detach(self->thread);
+            self->watching = false;
+            self->leaked = true;
+            return;
+        }
+    }
     pthread_join(self->thread, NULL);
     self->watching = false;
 }
@@ -258,6 +311,8 @@ comm_alloc(cl_state *st, PyTypeObject *type, const cl_nccl_api *api, int rank, i
     self->timeout = timeout;
     self->closed = true; /* until a communicator exists */
     atomic_init(&self->aborted, false);
+    atomic_init(&self->fired, false);
+    atomic_init(&self->abort_done, false);
     pthread_mutex_init(&self->call_lock, NULL);
     pthread_mutex_init(&self->lock, NULL);
     pthread_cond_init(&self->wake, NULL);
@@ -412,8 +467,11 @@ Comm_dealloc(NcclComm *self)
     Py_BEGIN_ALLOW_THREADS
     watchdog_stop(self);
     Py_END_ALLOW_THREADS
-    /* Not destroyed explicitly: abort, which is local. ncclCommDestroy may
-     * wait for peers that are gone by now (at exit, after a failure). */
+    if (self->leaked) {
+        return; /* the fired watchdog still uses it (watchdog_stop) */
+    }
+    /* Not destroyed explicitly: abort. ncclCommDestroy may wait for peers
+     * that are gone by now (at exit, after a failure). */
     if (!self->closed && !atomic_load(&self->aborted)) {
         (void)self->api->CommAbort(self->comm);
     }
@@ -1006,7 +1064,10 @@ Comm_abort(NcclComm *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
              reason != NULL ? reason : "");
     Py_BEGIN_ALLOW_THREADS
     watchdog_stop(self);
-    abort_comm(self, why);
+    if (!atomic_load(&self->aborted)) {
+        mark_aborted(self, why);
+        abort_nccl(self);
+    }
     Py_END_ALLOW_THREADS
     self->closed = true;
     Py_RETURN_NONE;
