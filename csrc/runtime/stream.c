@@ -179,16 +179,18 @@ fail:
     return -1;
 }
 
-/* `stream` waits for all work enqueued so far on `other`. */
+/* `stream` waits for all work enqueued so far on `other` (of `other_device`;
+ * the two may be on different devices: the event is made and recorded on
+ * other's, and a stream may wait for an event of any device). */
 static int
-stream_wait_stream(cl_state *st, cudaStream_t stream, cudaStream_t other, int device)
+stream_wait_stream(cl_state *st, cudaStream_t stream, cudaStream_t other, int other_device)
 {
     cudaEvent_t ev = NULL;
     int previous;
-    if (stream == other) {
-        return 0;
+    if (stream == other && stream != (cudaStream_t)0) {
+        return 0; /* (the legacy stream's handle 0 names one stream per device) */
     }
-    if (cl_device_enter(st, device, &previous) < 0) {
+    if (cl_device_enter(st, other_device, &previous) < 0) {
         return -1;
     }
     cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -201,7 +203,7 @@ stream_wait_stream(cl_state *st, cudaStream_t stream, cudaStream_t other, int de
     if (ev != NULL) {
         (void)cudaEventDestroy(ev);
     }
-    cl_device_exit(device, previous);
+    cl_device_exit(other_device, previous);
     CL_CUDA_CHECK(st, err);
     return 0;
 fail:
@@ -440,7 +442,7 @@ fail:
 PyDoc_STRVAR(Stream_wait_stream_doc,
 "wait_stream(stream)\n--\n\n"
 "Make all future work on this stream wait for the work enqueued so far on\n"
-"`stream`. The host does not block.\n\n"
+"`stream`, which may belong to another device. The host does not block.\n\n"
 "Parameters\n----------\nstream : Stream");
 
 static PyObject *
@@ -448,7 +450,8 @@ Stream_wait_stream(StreamObject *self, PyObject *other)
 {
     cl_state *st = state_of((PyObject *)self);
     if (check_type(other, st->Stream_Type, "wait_stream", "stream", "a Stream") < 0 ||
-        stream_wait_stream(st, self->handle, ((StreamObject *)other)->handle, self->device) < 0) {
+        stream_wait_stream(st, self->handle, ((StreamObject *)other)->handle,
+                           ((StreamObject *)other)->device) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;

@@ -8,6 +8,12 @@ workspace allocated on first use, then every call is a single
 pooling kernels on the current stream. :meth:`ResNet50.capture` records that
 call in a CUDA graph, so a forward becomes one graph launch.
 
+Devices. The model lives on the device of its uploaded weights (``.device``,
+the current one at construction); :meth:`ResNet50.to` moves it, and every
+later allocation (compiled programs, workspaces, outputs, captures) is made
+there, whichever device the caller has current. An input on another device
+is refused, as torch refuses it, naming both devices.
+
 Layout. Activations are NHWC and each GEMM computes ``out (M, cout) = cols
 (M, K) @ W.T`` with W kept as PyTorch does, (cout, K): both operands are
 K-contiguous ("TN", the tensor cores' native form). The host side
@@ -21,7 +27,9 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import _core
+from ..devices import device as _device
 from ..nn._util import check_int
+from ..nn.layers import _target_device
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 from ..nn.precision import get_precision
 from ..streams import graph as _graph
@@ -86,6 +94,8 @@ class ResNet50:
     precision : str
     dtype : str
         Of activations and weights: 'float32', 'float16' or 'bfloat16'.
+    device : int
+        Where the weights are and the forward runs (see :meth:`to`).
     """
 
     def __init__(self, params: FoldedParams, precision: str = "fp32") -> None:
@@ -116,6 +126,40 @@ class ResNet50:
                 host[b_off // size:b_off // size + gemm.bias.size] = gemm.bias
         return _core.asarray(host).astype(self.dtype)
 
+    @property
+    def device(self) -> int:
+        """The device of the uploaded weights, where the forward runs."""
+        return self._weights.device
+
+    def to(self, device: Any) -> "ResNet50":
+        """to(device) -> ResNet50
+
+        Move the model to `device`, as torch's ``Module.to``: the uploaded
+        weights and the fc bias are copied there (DeviceArray.to), and the
+        compiled forwards and their workspaces are dropped (their cuBLASLt
+        plans were made for the old device), so the next forward compiles and
+        allocates on the new one. Nothing happens when it is there already.
+        A :class:`GraphedForward` captured before keeps what it captured and
+        goes on running on the old device.
+
+        Parameters
+        ----------
+        device : int or str
+            A device index, 'cuda' (the current device) or 'cuda:N'.
+
+        Returns
+        -------
+        ResNet50
+            self.
+        """
+        dev = _target_device(device, "to")
+        if dev == self.device:
+            return self
+        weights, fc_bias = self._weights.to(dev), self._fc_bias.to(dev)
+        self._weights, self._fc_bias = weights, fc_bias
+        self._compiled = {}
+        return self
+
     # ---- the forward -------------------------------------------------------------------
 
     def _program(self, shape: tuple) -> tuple[Any, _core.DeviceArray]:
@@ -143,11 +187,17 @@ class ResNet50:
         return tuple(slots)
 
     def _images(self, x: Any, func: str) -> _core.DeviceArray:
+        """`x` as contiguous float32 images on the model's device (the current one)."""
         if isinstance(x, np.ndarray):
             x = _core.asarray(np.ascontiguousarray(x, dtype=np.float32))
         if not isinstance(x, _core.DeviceArray):
             raise TypeError(f"{func}() argument 'x': expected a DeviceArray or NumPy array, "
                             f"got {type(x).__name__}")
+        dev = self.device
+        if x.device != dev:
+            raise ValueError(f"{func}() argument 'x': is on device {x.device} but the model is "
+                             f"on device {dev}: move the images (x.to({dev})) or the model "
+                             f"(model.to({x.device}))")
         if x.ndim != 4 or x.shape[3] != 3 or x.shape[0] < 1:
             raise ValueError(f"{func}() argument 'x': expected float32 NHWC images "
                              f"(N, H, W, 3), got shape {x.shape}")
@@ -165,15 +215,20 @@ class ResNet50:
         ----------
         x : DeviceArray or ndarray
             float32 NHWC (N, H, W, 3), ImageNet-normalised
-            (:func:`~cudalab.models.preprocess`); 224 x 224 for ImageNet.
+            (:func:`~cudalab.models.preprocess`); 224 x 224 for ImageNet. A
+            DeviceArray must be on the model's device (ValueError otherwise).
         out : DeviceArray, optional
-            float32 (N, 1000), C-contiguous.
+            float32 (N, 1000), C-contiguous, on the model's device.
 
         Returns
         -------
         DeviceArray
-            float32 (N, 1000) logits (`out` if given).
+            float32 (N, 1000) logits (`out` if given), on the model's device.
         """
+        dev = self.device
+        if dev != _core.current_device():
+            with _device(dev):  # programs, workspaces and outputs are allocated here
+                return self.forward(x, out)
         x = self._images(x, "forward")
         n = x.shape[0]
         if out is None:
@@ -182,6 +237,9 @@ class ResNet50:
               or out.dtype != np.float32 or not out.is_contiguous):
             raise ValueError(f"forward() argument 'out': expected a C-contiguous float32 "
                              f"DeviceArray of shape ({n}, {NUM_CLASSES})")
+        elif out.device != dev:
+            raise ValueError(f"forward() argument 'out': is on device {out.device} but the "
+                             f"model is on device {dev}")
         program, workspace = self._program(x.shape)
         _core._convnet_run(program, self._slots(workspace, x, out))
         return out
@@ -265,13 +323,18 @@ class GraphedForward:
     def __init__(self, model: ResNet50, batch: int, height: int, width: int) -> None:
         self.model = model
         rng = np.random.default_rng(0)
-        self.input = _core.asarray(rng.standard_normal((batch, height, width, 3),
-                                                       dtype=np.float32))
-        self.output = _core.empty((batch, NUM_CLASSES), dtype="float32")
-        model.forward(self.input, out=self.output)  # compiles and allocates outside the capture
-        self.graph = _core.CUDAGraph()
-        with _graph(self.graph):
-            model.forward(self.input, out=self.output)
+        with _device(model.device):  # the buffers, the program and the graph live there
+            self.input = _core.asarray(rng.standard_normal((batch, height, width, 3),
+                                                           dtype=np.float32))
+            self.output = _core.empty((batch, NUM_CLASSES), dtype="float32")
+            model.forward(self.input, out=self.output)  # compiles and allocates outside capture
+            self.graph = _core.CUDAGraph()
+            with _graph(self.graph):
+                model.forward(self.input, out=self.output)
+        # What the graph reads: kept alive even if the model moves (to()) or drops its
+        # compiled forward (release()), so a replay never reads freed memory.
+        self._captured = (model._weights, model._fc_bias,
+                          model._compiled[(batch, height, width)])
 
     def replay(self) -> _core.DeviceArray:
         """Run the graph on the current stream; returns :attr:`output`."""
@@ -281,6 +344,7 @@ class GraphedForward:
     def __call__(self, x: Any) -> _core.DeviceArray:
         """Copy `x` into :attr:`input`, replay, return :attr:`output`."""
         if isinstance(x, np.ndarray):
-            x = _core.asarray(np.ascontiguousarray(x, dtype=np.float32))
-        _core.copyto(self.input, x)
+            with _device(self.input.device):
+                x = _core.asarray(np.ascontiguousarray(x, dtype=np.float32))
+        _core.copyto(self.input, x)  # from another device too (a peer copy)
         return self.replay()

@@ -10,16 +10,23 @@ why an MLP walks its layers itself instead of calling an activation backward.
 Every buffer a step touches is allocated by the first call with a given
 batch shape and precision and reused afterwards, so once a step has run, the
 next one makes no allocation of its own and can be captured in a CUDA graph.
+
+Devices. A layer lives on the device of its weights (``.device``); ``to()``
+moves it, and its forward and backward make that device current while they
+run (allocations and the GELU fusion measurement happen there), whichever
+device the caller has current, as a torch module does after ``.to()``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 
 from .. import _core
+from .. import devices as _devices
 from .. import random as _random
 from . import fusion
 from .functional import _gelu_aux_row, _relu_mask_bytes
@@ -40,6 +47,41 @@ from .precision import Precision, get_precision
 __all__ = ["Linear", "MLP", "Parameter"]
 
 U8 = np.dtype(np.uint8)
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _target_device(device: Any, func: str) -> int:
+    """`device` as a device index: an int, 'cuda' (the current device) or 'cuda:N', as
+    DeviceArray.to spells it; TypeError / ValueError naming `func`, before any GPU work
+    for a bad type or spelling."""
+    if isinstance(device, str):
+        if device == "cuda":
+            return _core.current_device()
+        head, _, index = device.partition(":")
+        if head != "cuda" or not index.isdigit():
+            raise arg_error(ValueError, func, "device",
+                            f"expected a device index, 'cuda' or 'cuda:N', got {device!r}")
+        device = int(index)
+    if device is None:
+        raise arg_error(TypeError, func, "device", "expected an int or 'cuda:N', got NoneType")
+    return _core._parse_device(device, func)
+
+
+def _on_own_device(method: _Method) -> _Method:
+    """Run `method` with its object's device (``self.device``) current.
+
+    Buffers are allocated on the current device and nn.fusion times on the
+    current stream, so a layer moved to another device switches to it for
+    the call (one device query when it is current already).
+    """
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        dev = self.device
+        if dev == _core.current_device():
+            return method(self, *args, **kwargs)
+        with _devices.device(dev):
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 class Parameter:
@@ -78,11 +120,16 @@ class Parameter:
             raise arg_error(ValueError, "Parameter", "value", "must be C-contiguous")
         self.name = name
         self.value = value
-        self.grad = _core.zeros(value.shape, dtype=F32)
+        with _devices.device(value.device):  # the grad lives beside the value
+            self.grad = _core.zeros(value.shape, dtype=F32)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.value.shape
+
+    @property
+    def device(self) -> int:
+        return self.value.device
 
     @property
     def size(self) -> int:
@@ -125,6 +172,9 @@ class Linear:
         What the last forward kept for the backward: the layer's input in the
         compute dtype and the activation's aux (GELU: the pre-activation;
         ReLU: cuBLASLt's bit mask).
+    device : int
+        The device of the weights (the current one at construction); see
+        :meth:`to`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -154,6 +204,75 @@ class Linear:
         """The layer's Parameters: weight, then bias (when it has one)."""
         return [self.weight] if self.bias is None else [self.weight, self.bias]
 
+    @property
+    def device(self) -> int:
+        """The device of the layer's weights, where its forward and backward run."""
+        return self.weight.value.device
+
+    def to(self, device: Any) -> "Linear":
+        """to(device) -> Linear
+
+        Move the layer to `device`, as torch's ``Module.to``: the float32
+        master weights and their grads are copied there (DeviceArray.to: one
+        peer copy each, ordered on both devices' current streams) and replace
+        the Parameters' arrays; the per-shape buffers, the weight casts and
+        what the last forward kept are dropped, so the next forward allocates
+        on the new device. Nothing happens when the layer is there already.
+
+        Parameters
+        ----------
+        device : int or str
+            A device index, 'cuda' (the current device) or 'cuda:N'.
+
+        Returns
+        -------
+        Linear
+            self.
+
+        Notes
+        -----
+        The Parameter objects stay the same, but an optimizer made before the
+        move keeps its state on the old device (its next step fails): make
+        optimizers after moving, as in torch. A grad that was a view of a
+        larger buffer (DistributedDataParallel's buckets) becomes an array
+        of its own.
+        """
+        dev = _target_device(device, "to")
+        if dev == self.device:
+            return self
+        for p in self.parameters():
+            p.value = p.value.to(dev)
+            p.grad = p.grad.to(dev)
+        self._reset()
+        return self
+
+    def _reset(self) -> None:
+        """Forget every buffer, the weight casts and the last forward's state."""
+        self._buffers.clear()
+        self._precision = None
+        self._w = self._b = None
+        self.input = self.aux = None
+
+    def _twin(self) -> "Linear":
+        """A Linear sharing this one's Parameters (master weights and grads) with
+        buffers of its own: one per micro-batch of a pipeline stage, so several
+        forwards can be live at once. Its weight casts are this layer's
+        (:meth:`_share_cast`); forward it with ``cast_weights=False``."""
+        twin = object.__new__(Linear)
+        twin.in_features, twin.out_features = self.in_features, self.out_features
+        twin.activation, twin.seed = self.activation, self.seed
+        twin.weight, twin.bias = self.weight, self.bias
+        twin.input = twin.aux = None
+        twin._buffers = Buffers()
+        twin._precision = None
+        twin._w = twin._b = None
+        return twin
+
+    def _share_cast(self, source: "Linear") -> None:
+        """Use `source`'s weight casts (same Parameters, cast by source.cast_weights)."""
+        self._precision, self._w, self._b = source._precision, source._w, source._b
+
+    @_on_own_device
     def cast_weights(self, precision: Any = "fp32") -> None:
         """Copy the float32 master weights into the compute dtype's buffers.
 
@@ -175,6 +294,7 @@ class Linear:
             self._b = self._buffers.get("bias", self.bias.shape, dt)
             _core.copyto(self._b, self.bias.value)
 
+    @_on_own_device
     def forward(self, x: _core.DeviceArray, precision: Any = "fp32", *,
                 cast_weights: bool = True) -> _core.DeviceArray:
         """forward(x, precision='fp32', *, cast_weights=True) -> DeviceArray
@@ -186,8 +306,8 @@ class Linear:
         ----------
         x : DeviceArray
             (N, in_features), any float dtype (cast to the compute dtype into
-            a buffer when it differs); kept, not copied, when it matches: leave
-            it unchanged until the backward.
+            a buffer when it differs), on the layer's device; kept, not
+            copied, when it matches: leave it unchanged until the backward.
         precision : Precision or str, optional
         cast_weights : bool, optional
             False reuses the weight copies of the last cast (same precision).
@@ -233,6 +353,11 @@ class Linear:
 
     def _check_input(self, x: Any) -> _core.DeviceArray:
         check_array(x, "forward", "x")
+        dev = self.weight.value.device
+        if x.device != dev:
+            raise arg_error(ValueError, "forward", "x",
+                            f"is on device {x.device} but the layer is on device {dev}: move "
+                            f"the input (x.to({dev})) or the layer (.to({x.device}))")
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise arg_error(ValueError, "forward", "x",
                             f"expected shape (N, {self.in_features}), got {x.shape}")
@@ -240,6 +365,7 @@ class Linear:
             raise arg_error(TypeError, "forward", "x", f"expected a float array, got {x.dtype}")
         return x
 
+    @_on_own_device
     def backward(self, grad: _core.DeviceArray, *, accumulate: bool = False,
                  input_grad: bool = True, activation: Optional[str] = None,
                  aux: Optional[_core.DeviceArray] = None,
@@ -255,9 +381,9 @@ class Linear:
             (N, out_features) in the compute dtype: the gradient of this
             layer's *pre-activation* (of its output when it has no
             activation). For a layer with one, apply the activation's
-            derivative first (``relu_grad`` / ``gelu_grad(...,
-            approximate='tanh')`` on ``aux``), or let the next layer's backward
-            fuse it, as MLP does.
+            derivative first (``relu_grad`` on the layer's output,
+            ``gelu_grad(..., approximate='tanh')`` on ``aux``), or let the next
+            layer's backward fuse it, as MLP does.
         accumulate : bool, optional
             Add into the Parameters' grads instead of overwriting them.
         input_grad : bool, optional
@@ -279,16 +405,36 @@ class Linear:
             (N, in_features) in the compute dtype: `out`, or the layer's
             buffer; None when `input_grad` is False.
         """
+        return self._backward(grad, bool(accumulate), input_grad, activation, aux, out)
+
+    def _check_grad(self, grad: Any) -> None:
+        """The backward's checks of `grad` against the last forward."""
         if self.input is None or self._precision is None:
             raise RuntimeError("Linear.backward() called before forward()")
-        prec, x = self._precision, self.input
         check_array(grad, "backward", "grad")
-        want = (x.shape[0], self.out_features)
-        if grad.shape != want or grad.dtype != prec.compute_dtype:
+        want = (self.input.shape[0], self.out_features)
+        dt = self._precision.compute_dtype
+        if grad.shape != want or grad.dtype != dt:
             raise arg_error(ValueError, "backward", "grad",
-                            f"expected shape {want} and dtype {prec.compute_dtype} (the last "
+                            f"expected shape {want} and dtype {dt} (the last "
                             f"forward's), got {grad.shape} {grad.dtype}")
-        self._weight_grads(grad, x, prec, bool(accumulate))
+        if grad.device != self.input.device:
+            raise arg_error(ValueError, "backward", "grad",
+                            f"is on device {grad.device} but the layer is on device "
+                            f"{self.input.device}")
+
+    def _backward(self, grad: _core.DeviceArray, accumulate: bool, input_grad: bool,
+                  activation: Optional[str], aux: Optional[_core.DeviceArray],
+                  out: Optional[_core.DeviceArray],
+                  hook: Optional[Callable[[int], Any]] = None,
+                  index: int = 0) -> Optional[_core.DeviceArray]:
+        """backward() on the current device; ``hook(index)`` right after the weight
+        and bias gradients are enqueued, before the input gradient's GEMM."""
+        self._check_grad(grad)
+        prec, x = self._precision, self.input
+        self._weight_grads(grad, x, prec, accumulate)
+        if hook is not None:
+            hook(index)
         if not input_grad:
             return None
         if out is None:
@@ -362,6 +508,9 @@ class MLP:
     Attributes
     ----------
     layers : list of Linear
+    device : int
+        The first layer's device: where the input goes, and where every layer
+        is unless a :class:`~cudalab.distributed.Pipeline` spread them.
     """
 
     def __init__(self, sizes: Sequence[int], activation: Optional[str] = "gelu", *,
@@ -394,12 +543,43 @@ class MLP:
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
         return ((p.name, p) for p in self.parameters())
 
+    @property
+    def device(self) -> int:
+        """The first layer's device (see the class attributes)."""
+        return self.layers[0].weight.value.device
+
+    def to(self, device: Any) -> "MLP":
+        """to(device) -> MLP
+
+        Move every layer to `device` (see :meth:`Linear.to`): master weights
+        and grads are copied there, buffers and weight casts dropped, so the
+        next forward allocates there. Make optimizers after moving.
+
+        Parameters
+        ----------
+        device : int or str
+            A device index, 'cuda' (the current device) or 'cuda:N'.
+
+        Returns
+        -------
+        MLP
+            self, as torch's ``Module.to``.
+        """
+        dev = _target_device(device, "to")
+        if any(layer.device != dev for layer in self.layers):
+            for layer in self.layers:
+                layer.to(dev)
+            self._activations_live = False  # the last forward's state went with the buffers
+        return self
+
+    @_on_own_device
     def cast_weights(self, precision: Any = "fp32") -> None:
         """Copy every master weight into the compute dtype (see Linear.cast_weights)."""
         prec = get_precision(precision, "cast_weights")
         for layer in self.layers:
             layer.cast_weights(prec)
 
+    @_on_own_device
     def forward(self, x: _core.DeviceArray, precision: Any = "fp32", *,
                 cast_weights: bool = True) -> _core.DeviceArray:
         """forward(x, precision='fp32', *, cast_weights=True) -> DeviceArray
@@ -427,8 +607,10 @@ class MLP:
 
     __call__ = forward
 
-    def backward(self, grad_logits: _core.DeviceArray, *, accumulate: bool = False) -> None:
-        """backward(grad_logits, *, accumulate=False) -> None
+    @_on_own_device
+    def backward(self, grad_logits: _core.DeviceArray, *, accumulate: bool = False,
+                 hook: Optional[Callable[[int], Any]] = None) -> None:
+        """backward(grad_logits, *, accumulate=False, hook=None) -> None
 
         Every Parameter's gradient (float32) from the gradient of the logits.
 
@@ -451,21 +633,25 @@ class MLP:
         accumulate : bool, optional
             Add into the grads (micro-batches of one optimizer step) instead
             of overwriting them.
+        hook : callable, optional
+            ``hook(i)`` is called right after layer ``i``'s weight and bias
+            gradients have been enqueued (on the current stream), before its
+            input-gradient GEMM; layers run from last to first. Data-parallel
+            training starts a bucket's all-reduce there, so communication
+            overlaps the rest of the backward. The hook must not wait for the
+            device.
         """
         if not self._activations_live and self.layers[0].input is not None:
             raise RuntimeError("MLP.backward() called twice after one forward(): the backward "
                                "overwrites the activations it reads (as PyTorch frees its "
                                "graph); run forward() again first")
-        g = grad_logits
-        for i in range(len(self.layers) - 1, -1, -1):
-            prev = self.layers[i - 1] if i > 0 else None
-            layer = self.layers[i]
-            g = layer.backward(
-                g, accumulate=accumulate, input_grad=prev is not None,
-                activation=None if prev is None else prev.activation,
-                aux=None if prev is None else prev.aux,
-                out=None if prev is None else layer.input)
-            self._activations_live = False  # the previous layer's output is a gradient now
+        if hook is not None and not callable(hook):
+            raise arg_error(TypeError, "backward", "hook",
+                            f"expected a callable or None, got {type(hook).__name__}")
+        self.layers[-1]._check_grad(grad_logits)
+        # From here on the previous layers' outputs become gradients.
+        self._activations_live = False
+        _backward_layers(self.layers, grad_logits, bool(accumulate), hook)
 
     def zero_grad(self) -> None:
         for p in self.parameters():
@@ -473,3 +659,25 @@ class MLP:
 
     def __repr__(self) -> str:
         return f"MLP(sizes={list(self.sizes)}, activation={self.activation!r})"
+
+
+def _backward_layers(layers: Sequence[Linear], grad: _core.DeviceArray, accumulate: bool,
+                     hook: Optional[Callable[[int], Any]] = None,
+                     input_grad_out: Optional[_core.DeviceArray] = None
+                     ) -> Optional[_core.DeviceArray]:
+    """The backward of consecutive layers (an MLP's, or a pipeline stage's), last to first.
+
+    `grad` is the gradient of the last layer's pre-activation. Each input
+    gradient fuses the previous layer's activation derivative and overwrites
+    that layer's output (the current layer's input). ``hook(i)`` follows
+    layer i's weight gradients. The first layer computes its input gradient
+    only when `input_grad_out` is given (into it: it may be that layer's own
+    input when the caller owns that buffer); returns it, or None. Runs on the
+    current device: the caller makes the layers' device current.
+    """
+    g: Optional[_core.DeviceArray] = grad
+    for i in range(len(layers) - 1, 0, -1):
+        prev, layer = layers[i - 1], layers[i]
+        g = layer._backward(g, accumulate, True, prev.activation, prev.aux, layer.input, hook, i)
+    return layers[0]._backward(g, accumulate, input_grad_out is not None, None, None,
+                               input_grad_out, hook, 0)
