@@ -45,7 +45,15 @@ typedef struct cl_device_state {
     cudaStream_t *spare_streams;
     int *spare_priorities;
     int num_spare_streams, cap_spare_streams;
+    /* Access from this device to another's memory (runtime/peer.c):
+     * CL_PEER_* by peer device index. */
+    signed char peer_access[CL_MAX_DEVICES];
 } cl_device_state;
+
+#define CL_PEER_UNTOUCHED 0  /* the first copy between the two turns it on, as torch does */
+#define CL_PEER_ON 1
+#define CL_PEER_OFF (-1)     /* disable_peer_access(): copies stay staged */
+#define CL_PEER_NONE (-2)    /* the hardware cannot */
 
 typedef struct cl_state {
     PyTypeObject *DeviceArray_Type;

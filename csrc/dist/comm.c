@@ -396,8 +396,8 @@ Comm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     static const char *func = "_NcclComm";
     cl_state *st = cl_state_from_type(type);
     PyObject *id_obj, *size_obj, *rank_obj, *device_obj, *timeout_obj;
-    int world_size, rank, device, r = CL_NCCL_SUCCESS;
-    double timeout;
+    int world_size = 0, rank = 0, device = 0, r = CL_NCCL_SUCCESS;
+    double timeout = 0.0;
     cudaError_t err = cudaSuccess;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO:_NcclComm", names, &id_obj, &size_obj,
                                      &rank_obj, &device_obj, &timeout_obj)) {
@@ -573,7 +573,7 @@ coll_array(NcclComm *self, cl_op *op, PyObject *obj, const char *param, DeviceAr
 static int
 coll_reduce_op(cl_op *op, PyObject *obj, cl_dtype dtype, int *out)
 {
-    int code;
+    int code = 0;
     if (parse_small_int(obj, op->func, "op", CL_NCCL_SUM, CL_NCCL_AVG, &code) < 0) {
         return -1;
     }
@@ -1183,7 +1183,7 @@ _nccl_init_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     const cl_nccl_api *api = NULL;
     int devices[CL_MAX_DEVICES];
     cl_nccl_comm_t comms[CL_MAX_DEVICES] = {0};
-    double timeout;
+    double timeout = 0.0;
     Py_ssize_t n = 0;
     int r;
     if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0 ||

@@ -35,6 +35,19 @@ fail:
     return -1;
 }
 
+int
+cl_device_pool(cl_state *st, int device, cudaMemPool_t *pool)
+{
+    int previous;
+    if (cl_device_enter(st, device, &previous) < 0) {
+        return -1;
+    }
+    int rc = ensure_pool(st, device);
+    cl_device_exit(device, previous);
+    *pool = st->devices[device].pool;
+    return rc;
+}
+
 static size_t
 pool_attr(cl_device_state *ds, enum cudaMemPoolAttr attr)
 {

@@ -1,5 +1,13 @@
 /* Several GPUs in one process: peer access and copies between devices.
  *
+ * Peer access has two halves here. cudaDeviceEnablePeerAccess maps the
+ * peer's ordinary allocations; memory from a stream-ordered pool, which is
+ * all of cudalab's, is reachable only once the pool grants the device access
+ * (cudaMemPoolSetAccess). Without both, a copy between devices is staged
+ * through host memory at a tenth of NVLink's speed. The first copy between
+ * two devices turns both on (as torch enables peer access on its first
+ * copy) unless disable_peer_access() said not to.
+ *
  * A copy between devices is one cudaMemcpyPeerAsync. With peer access on,
  * the copy engines move the bytes over NVLink or PCIe directly; without it
  * the driver stages them through host memory. Either way it must be
@@ -9,6 +17,57 @@
  * of the source nor its free can overtake the read (the same two-way
  * ordering torch's cross-device copy_ does). */
 #include "cudalab.h"
+
+/* Let `device` reach `peer`'s memory (on: context and pool access) or not.
+ * Returns 0, or -1 with an exception. */
+static int
+set_access(cl_state *st, int device, int peer, bool on)
+{
+    cudaMemPool_t pool;
+    int previous;
+    if (cl_device_pool(st, peer, &pool) < 0 || cl_device_enter(st, device, &previous) < 0) {
+        return -1;
+    }
+    cudaError_t err = on ? cudaDeviceEnablePeerAccess(peer, 0) : cudaDeviceDisablePeerAccess(peer);
+    cl_device_exit(device, previous);
+    if (err == cudaErrorPeerAccessAlreadyEnabled || err == cudaErrorPeerAccessNotEnabled) {
+        (void)cudaGetLastError(); /* that half was already as asked */
+        err = cudaSuccess;
+    }
+    CL_CUDA_CHECK(st, err);
+    struct cudaMemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = cudaMemLocationTypeDevice;
+    desc.location.id = device;
+    desc.flags = on ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
+    CL_CUDA_CHECK(st, cudaMemPoolSetAccess(pool, &desc, 1));
+    st->devices[device].peer_access[peer] = on ? CL_PEER_ON : CL_PEER_OFF;
+    return 0;
+fail:
+    return -1;
+}
+
+/* Before the first copy from `peer` on `device`: turn access on where the
+ * hardware allows it and nobody turned it off. Never raises: a copy that
+ * cannot go direct is staged. */
+static void
+first_copy_access(cl_state *st, int device, int peer)
+{
+    signed char *state = &st->devices[device].peer_access[peer];
+    if (*state != CL_PEER_UNTOUCHED) {
+        return;
+    }
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess || !can) {
+        (void)cudaGetLastError();
+        *state = CL_PEER_NONE;
+        return;
+    }
+    if (set_access(st, device, peer, true) < 0) {
+        PyErr_Clear();
+        *state = CL_PEER_NONE;
+    }
+}
 
 int
 cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
@@ -21,6 +80,8 @@ cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
     if (nbytes == 0) {
         return 0;
     }
+    /* The copy runs on dst's device, its engines reading src's memory. */
+    first_copy_access(st, dst->device, src->device);
     if (cl_device_enter(st, src->device, &previous) < 0) {
         return -1;
     }
@@ -159,21 +220,26 @@ set_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObj
     static const char *const names[] = {"peer_device", "device", NULL};
     cl_state *st = cl_state_from_module(module);
     PyObject *argv[2];
-    int device = -1, peer = -1, previous;
+    int device = -1, peer = -1, can = 0;
     if (cl_parse_args(func, args, nargs, kwnames, names, 1, argv) < 0 ||
-        parse_pair(st, func, argv[1], argv[0], false, &device, &peer) < 0 ||
-        cl_device_enter(st, device, &previous) < 0) {
+        parse_pair(st, func, argv[1], argv[0], false, &device, &peer) < 0) {
         return NULL;
     }
-    cudaError_t err = enable ? cudaDeviceEnablePeerAccess(peer, 0)
-                             : cudaDeviceDisablePeerAccess(peer);
-    cl_device_exit(device, previous);
-    if (err == cudaErrorPeerAccessAlreadyEnabled || err == cudaErrorPeerAccessNotEnabled) {
-        (void)cudaGetLastError(); /* nothing changed */
-        Py_RETURN_FALSE;
+    CL_CUDA_CHECK(st, cudaDeviceCanAccessPeer(&can, device, peer));
+    if (!can) {
+        if (!enable) {
+            Py_RETURN_FALSE;
+        }
+        PyErr_Format(st->CudaError, "%s(): device %d cannot access device %d's memory "
+                     "directly (cudaDeviceCanAccessPeer is 0); copies between them are staged "
+                     "through host memory", func, device, peer);
+        return NULL;
     }
-    CL_CUDA_CHECK(st, err);
-    Py_RETURN_TRUE;
+    bool was_on = st->devices[device].peer_access[peer] == CL_PEER_ON;
+    if (set_access(st, device, peer, enable) < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(enable ? !was_on : was_on);
 fail:
     return NULL;
 }
@@ -181,10 +247,13 @@ fail:
 PyDoc_STRVAR(enable_peer_access_doc,
 "enable_peer_access(peer_device, device=None)\n--\n\n"
 "Let `device` (default: the current one) reach `peer_device`'s memory\n"
-"directly (cudaDeviceEnablePeerAccess): copies between them skip host\n"
-"memory. One direction only; call it the other way round too.\n\n"
+"directly: cudaDeviceEnablePeerAccess, and access to peer_device's memory\n"
+"pool (cudaMemPoolSetAccess), which every cudalab array comes from. Copies\n"
+"then skip host memory. One direction only; call it the other way round\n"
+"too. The first copy between two devices does this by itself (as torch\n"
+"does) unless disable_peer_access() was called.\n\n"
 "Returns\n-------\nbool\n    True when it was enabled now, False when it was already on.\n\n"
-"Raises\n------\nCudaError\n    cudaErrorPeerAccessUnsupported where can_access_peer() is False.");
+"Raises\n------\nCudaError\n    Where can_access_peer() is False.");
 
 static PyObject *
 enable_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -194,8 +263,9 @@ enable_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, Py
 
 PyDoc_STRVAR(disable_peer_access_doc,
 "disable_peer_access(peer_device, device=None)\n--\n\n"
-"Undo enable_peer_access: copies from `device` to `peer_device` are staged\n"
-"by the driver again.\n\n"
+"Undo enable_peer_access (both halves): copies run on `device` that read\n"
+"`peer_device`'s memory are staged through host memory again, and stay so\n"
+"(the first-copy default no longer turns access on).\n\n"
 "Returns\n-------\nbool\n    True when it was on, False when it was already off.");
 
 static PyObject *

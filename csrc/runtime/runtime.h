@@ -97,6 +97,9 @@ void cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t st
 void cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream,
                    const cudaStream_t *used, int num_used, bool overflow);
 
+/* `device`'s pool (created on first use, whatever device is current). */
+int cl_device_pool(cl_state *st, int device, cudaMemPool_t *pool);
+
 /* True when `ptr` lies in page-locked host memory (cudaHostAlloc or
  * registered); never raises. */
 bool cl_host_is_pinned(const void *ptr);
