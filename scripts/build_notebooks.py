@@ -270,6 +270,9 @@ def pages() -> dict[str, Page]:
     batching, inplace, tensor_cores = _module("batching"), _module("inplace"), _module("tensor_cores")
     access, cpu_gpu, pinned = _module("access_patterns"), _module("cpu_vs_gpu"), _module("pinned")
     context = _module("context")
+    p2p, allreduce = _module("p2p"), _module("allreduce")
+    multi_gpu_inference, pipeline_parallel = (_module("multi_gpu_inference"),
+                                              _module("pipeline_parallel"))
     return {
         "context": Page(
             intro="""
@@ -1209,6 +1212,275 @@ def pages() -> dict[str, Page]:
                       f"({m_cols.median / (m_cols.median + m_gemm.median):.0%} of the layer in im2col)")
             ''',),
             try_params={"batch": 128, "dtype": "bfloat16"},
+        ),
+        "p2p": Page(
+            intro="""
+                A copy from one GPU to another is what `.to('cuda:1')` does between two stages of a
+                model split across GPUs. With peer access on, the copy engines write straight into
+                the other GPU's memory over NVLink or PCIe; with it off, the driver stages the
+                bytes through host memory. The lesson copies between every ordered pair of GPUs,
+                from a few KiB (where the latency is all there is) to a GiB (where the link's
+                bandwidth is), with peer access on and off, and sets beside it a copy within one
+                GPU, the trip through pinned host memory done by hand, and torch's
+                `.to('cuda:N')`. Each sweep is fitted as latency + bytes / bandwidth; read the
+                bandwidths as bytes copied once per second.
+            """,
+            claim=f"""
+                Moving a tensor to another GPU with `.to('cuda:1')` is a direct GPU-to-GPU copy,
+                much faster than going through the host, and enabling peer access speeds copies
+                between GPUs up. The lesson counts the first as holding from
+                {p2p.DIRECT_BEATS_HOST}x over the host path, the second from
+                {p2p.PEER_HELPS}x between peer access off and on.
+            """,
+            timed="""
+                One copy between devices (device 0 to device 1, or within device 0 on a machine
+                with one GPU) timed with CUDA events on the source device, and `DeviceArray.to`.
+            """,
+            cells=('''
+                n = cudalab.device_count()
+                dst = 1 if n > 1 else 0
+                size = (16 if QUICK else 256) << 20
+                src = cudalab.random.normal((size // 4,), seed=1)
+                with cudalab.device(dst):
+                    out = cudalab.empty((size // 4,))
+                if n > 1:
+                    print("peer access possible 0 <-> 1:", cudalab.can_access_peer(0, 1),
+                          cudalab.can_access_peer(1, 0))
+                m = timer.measure(cudalab.copyto, out, src, bytes=size, ceiling=None,
+                                  label=f"copy 0->{dst}")
+                print(f"{size >> 20} MiB from device 0 to device {dst}: {m.median * 1e3:.3f} ms, "
+                      f"{m.gbps:.1f} GB/s")
+                moved = src.to(dst)
+                print(f"src.to({dst}) is on device {moved.device}; same values:",
+                      bool((moved.get() == src.get()).all()))
+            ''',),
+            try_params={"sizes": (4096, 1 << 20, 1 << 28), "gpus": 2, "torch": False},
+        ),
+        "allreduce": Page(
+            intro="""
+                Every data-parallel step ends with an all_reduce of the gradients, so how fast
+                NCCL sums a buffer across GPUs decides how far training scales. The lesson starts
+                one process per GPU (`cudalab.distributed.run.launch`) and times all_reduce of
+                float32 buffers from 8 B to 4 GiB, with cudalab's NCCL binding and with
+                torch.distributed beside it in the same processes, each after a barrier, the
+                slowest rank's median reported. Read it as nccl-tests does: the algorithm
+                bandwidth is bytes / time, and the bus bandwidth, algbw x 2(n-1)/n, is what each
+                GPU's link carries in a ring all_reduce, comparable with the link's speed and
+                across GPU counts. Small messages cost a latency instead, shown for an 8-byte
+                all_reduce from a Python loop and replayed from a CUDA graph.
+            """,
+            claim=f"""
+                NCCL is the engine for GPU collectives, so calling it directly should reach
+                torch.distributed's bus bandwidth (parity from {allreduce.PARITY}x), and CUDA
+                graphs cut the launch cost of small, repeated work, collectives included. Issue 20
+                adds a figure: an 8-byte all_reduce from Python within
+                {allreduce.LOOP_TARGET_US:g} us per call, where torch.distributed took
+                {allreduce.TORCH_LOOP_H200_US:g} us on two H200s.
+            """,
+            timed="""
+                What each worker does, as a script run on every GPU through the launcher: join
+                the process group, check one all_reduce, time twenty. Then a copy of the same
+                buffer within one GPU, for scale.
+            """,
+            cells=('''
+                import pathlib
+                import tempfile
+
+                from cudalab.distributed import run as launcher
+
+                script = """
+                import cudalab, cudalab.distributed as dist
+                dist.init()
+                x = cudalab.ones((16 << 20,), dtype="float32")  # 64 MiB
+                dist.all_reduce(x)                               # every element is now world_size
+                assert float(x[:1].get()[0]) == dist.get_world_size()
+                dist.barrier()
+                start, end = cudalab.Event(), cudalab.Event()
+                start.record()
+                for _ in range(20):
+                    dist.all_reduce(x)
+                end.record()
+                end.synchronize()
+                ms, n = start.elapsed_time(end) / 20, dist.get_world_size()
+                print(f"rank {dist.get_rank()} of {n}: {ms:.3f} ms per all_reduce of 64 MiB, "
+                      f"busbw {x.nbytes / ms / 1e6 * 2 * (n - 1) / n:.1f} GB/s", flush=True)
+                dist.destroy()
+                """
+                path = pathlib.Path(tempfile.mkdtemp()) / "allreduce_demo.py"
+                path.write_text(script)
+                status = launcher.launch([str(path)], nproc_per_node=cudalab.device_count())
+                print("the launcher returned", status)
+            ''', '''
+                x = cudalab.ones((16 << 20,), dtype="float32")
+                y = cudalab.empty_like(x)
+                m = timer.measure(cudalab.copyto, y, x, bytes=x.nbytes, ceiling=None,
+                                  label="copy 64 MiB")
+                print(f"the same 64 MiB copied within one GPU: {m.median * 1e3:.3f} ms")
+            '''),
+            try_params={"sizes": (8, 1 << 20, 1 << 30), "gpus": 2, "latency_calls": 500},
+        ),
+        "data_parallel": Page(
+            intro="""
+                Data parallelism keeps the whole model on every GPU, gives each GPU its own rows
+                and averages the gradients before the optimizer steps. The lesson trains the
+                4 x 4096 GELU MLP in bf16 with AdamW at a large and a small per-GPU batch:
+                DistributedDataParallel with one process per GPU (gradients sent in float32 and
+                in bfloat16, torch's DDP beside it), and DataParallel driving every GPU from one
+                process. It reports samples/s and scaling efficiency (throughput on n GPUs over n
+                times one GPU's), and splits a DDP step into its parts: the step with no
+                communication, the gradient all-reduces alone, and the overlapped step, so the
+                share of the communication the backward hides can be read off. It then takes the
+                tutorials' own DDP code apart: the global rank used as the GPU index, no
+                DistributedSampler, and DDP wrapped around inference.
+            """,
+            claim="""
+                DataParallel splits the batch across the GPUs automatically; DDP is nonetheless
+                preferred because it is faster (one process per GPU, no weights copied each
+                step, the gradient all-reduce overlapped with the backward). Issue 20 asks
+                for >= 1.9x one GPU on 2 GPUs at a per-GPU batch of 8192 and >= 1.5x at 256
+                (torch's DDP measured 1.79x and 1.26x on two H200s).
+            """,
+            timed="""
+                DataParallel's training step, timed on device 0 (the gradient reduce ends every
+                step there), and what its batch split and per-step traffic are; then the tutorial
+                DDP setup's device choice for rank 2 of a 2 x 2 job, from the launcher's
+                variables.
+            """,
+            cells=('''
+                import cudalab.nn as nn
+                from cudalab.distributed import DataParallel
+
+                n = cudalab.device_count()
+                sizes = [512, 1024, 1024, 16] if QUICK else [512, 4096, 4096, 4096, 4096, 16]
+                batch = n * (1024 if QUICK else 8192)
+                x, labels = nn.TeacherData(sizes[0], sizes[-1], batch).batch(0)
+                model = nn.MLP(sizes)
+                dp = DataParallel(model, device_ids=list(range(n)))
+                opt = nn.AdamW(model.parameters(), lr=1e-4)
+
+
+                def step():
+                    logits = dp.forward(x, "bf16")
+                    nn.functional.cross_entropy(logits, labels, grad=logits)
+                    dp.backward(logits)
+                    opt.step()
+
+
+                m = timer.replace(hold=False).measure(step, label=f"DataParallel on {n} GPU(s)")
+                print(f"{batch / m.median:.0f} samples/s on {n} GPU(s); rows per GPU: "
+                      f"{dp.last_split}")
+                traffic = dp.step_traffic(batch, "bf16")
+                print({k: f"{v / 2**20:.0f} MiB" for k, v in traffic.items()})
+            ''', '''
+                from cudalab.distributed.env import from_environ
+
+                env = from_environ({
+                    "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                    "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"})
+                print(f"rank {env.rank} of {env.world_size} on node {env.node_rank}: the tutorial "
+                      f"calls set_device({env.rank}); its node has {env.local_world_size} GPUs, "
+                      f"its own is local rank {env.local_rank}")
+            '''),
+            try_params={"batches": (4096,), "gpu_counts": (1, 2), "torch": False},
+        ),
+        "multi_gpu_inference": Page(
+            intro="""
+                Inference needs no gradients, so nothing has to travel between GPUs but the
+                batch and the logits: one replica of ResNet-50 per GPU (`ResNet50.to(d)`), each
+                with its part of the batch already on its device, every forward enqueued before
+                any is waited for, the logits gathered on device 0. The lesson times whole steps
+                for every GPU count at the same per-GPU batch, eager and replayed from each
+                replica's CUDA graph, and gives images/s, the speed-up over one GPU and the
+                scaling efficiency. Where torch is installed, torchvision's resnet50 runs the
+                same way beside it.
+            """,
+            claim=f"""
+                DataParallel splits each batch over the GPUs so inference throughput grows with
+                their number. Issue 20's bar is a scaling efficiency of
+                {multi_gpu_inference.SCALING_TARGET}
+                ({2 * multi_gpu_inference.SCALING_TARGET:.2f}x on two GPUs) for ResNet-50 in fp16.
+            """,
+            timed="""
+                A replica per GPU, each forward captured in a CUDA graph, and one step replaying
+                them all, timed with the host clock until every device is done.
+            """,
+            cells=('''
+                import cudalab.models as models
+
+                n = cudalab.device_count()
+                b = 32 if QUICK else 128
+                params = models.fold(models.init_weights(seed=0))
+                replicas = [models.ResNet50(params, precision="fp16").to(d) for d in range(n)]
+                graphs = [m.capture(b) for m in replicas]  # each replays on its own device
+
+
+                def step(k):
+                    for d in range(k):
+                        with cudalab.device(d):
+                            graphs[d].replay()
+                    for d in range(k):
+                        cudalab.synchronize(d)
+
+
+                times = cudalab.bench.host_clock({k: (lambda k=k: step(k)) for k in {1, n}},
+                                                 repeats=5 if QUICK else 20, warmup=0.1)
+                for k, t in times.items():
+                    print(f"{k} GPU(s): {k * b / np.median(t):.0f} images/s")
+            ''',),
+            try_params={"batch": 64, "precision": "bf16", "graph": False},
+        ),
+        "pipeline_parallel": Page(
+            intro="""
+                Pipeline (model) parallelism gives each GPU a block of the model's layers, so each
+                holds only its share of weights, optimizer state and activations. Run naively, as
+                torch's model-parallel tutorial first does, one GPU works while the others wait;
+                split into micro-batches (GPipe), stage s works on micro-batch k while stage s + 1
+                works on k - 1, and only the fill and drain of the pipeline, the bubble, stay
+                idle. The lesson runs the MLP through `cudalab.distributed.Pipeline` for every
+                stage count and several micro-batch counts, and reads each stage's busy time from
+                the pipeline's own CUDA events: the measured bubble sits beside GPipe's formula
+                and beside what the schedule allows with the stage times measured. It also gives
+                every GPU's peak memory against the whole model on one GPU, torch's tutorial code
+                beside it, and checks the pipeline's gradients against the unsplit MLP's.
+            """,
+            claim=f"""
+                GPipe puts the bubble at (S - 1) / (m + S - 1) of the step for S equal stages and
+                m micro-batches (the lesson counts it as holding when the GPUs are busy at least
+                {1 - pipeline_parallel.BUBBLE_TOLERANCE:.2f}x the formula's share); torch's
+                tutorial shows that pipelining the input beats running the stages one after the
+                other, and that splitting the model lets each GPU hold only part of it.
+            """,
+            timed="""
+                The same MLP as a two-stage pipeline (one stage on a machine with one GPU), with
+                one and with four micro-batches: the step's host time and the pipeline's own
+                bubble figure.
+            """,
+            cells=('''
+                import cudalab.nn as nn
+                from cudalab.distributed import Pipeline
+
+                n = min(2, cudalab.device_count())
+                width = 1024 if QUICK else 4096
+                sizes = [width] * 5 + [16]
+                x, labels = nn.TeacherData(sizes[0], sizes[-1], 1024 if QUICK else 8192).batch(0)
+                for chunks in (1, 4):
+                    pipe = Pipeline(nn.MLP(sizes), devices=list(range(n)), chunks=chunks,
+                                    timing=True)
+                    opts = pipe.optimizers(nn.AdamW, lr=1e-4)
+
+
+                    def step():
+                        pipe.train_step(x, labels, opts, "bf16")
+                        for d in range(n):
+                            cudalab.synchronize(d)
+
+
+                    [t] = cudalab.bench.host_clock({"step": step}, repeats=5, warmup=0.1).values()
+                    tm = pipe.timings()
+                    print(f"{n} stage(s), {chunks} micro-batches: {np.median(t) * 1e3:.2f} ms, "
+                          f"bubble {tm.bubble_mean:.3f} (GPipe: {tm.bubble_theory:.3f})")
+            ''',),
+            try_params={"chunks": (1, 2, 4, 8, 16, 32), "batch": 4096, "torch": False},
         ),
     }
 

@@ -274,9 +274,50 @@ disable_peer_access(PyObject *module, PyObject *const *args, Py_ssize_t nargs, P
     return set_peer_access(module, args, nargs, kwnames, "disable_peer_access", false);
 }
 
+PyDoc_STRVAR(_peer_access_state_doc,
+"_peer_access_state(device, peer_device)\n--\n\n"
+"What cudalab knows of `device`'s access to `peer_device`'s memory, without\n"
+"changing it (CUDA has no query): 'untouched' (the first copy between them\n"
+"will turn it on), 'on', 'off' (disable_peer_access() was called) or\n"
+"'unavailable' (the hardware cannot, or turning it on failed).");
+
+static PyObject *
+_peer_access_state(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames)
+{
+    static const char *const names[] = {"device", "peer_device", NULL};
+    static const char *func = "_peer_access_state";
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    int device, peer, can = 0;
+    if (cl_parse_args(func, args, nargs, kwnames, names, 2, argv) < 0) {
+        return NULL;
+    }
+    if (argv[0] == Py_None) {
+        return cl_expected_type_error(func, "device", "an int", argv[0]), NULL;
+    }
+    if (parse_pair(st, func, argv[0], argv[1], false, &device, &peer) < 0) {
+        return NULL;
+    }
+    signed char state = st->devices[device].peer_access[peer];
+    if (state == CL_PEER_UNTOUCHED) {
+        CL_CUDA_CHECK(st, cudaDeviceCanAccessPeer(&can, device, peer));
+        if (!can) {
+            state = CL_PEER_NONE;
+        }
+    }
+    return PyUnicode_FromString(state == CL_PEER_ON    ? "on"
+                                : state == CL_PEER_OFF ? "off"
+                                : state == CL_PEER_NONE ? "unavailable"
+                                                        : "untouched");
+fail:
+    return NULL;
+}
+
 PyMethodDef cl_peer_methods[] = {
     CL_FASTCALL(can_access_peer),
     CL_FASTCALL(enable_peer_access),
     CL_FASTCALL(disable_peer_access),
+    CL_FASTCALL(_peer_access_state),
     {NULL, NULL, 0, NULL},
 };

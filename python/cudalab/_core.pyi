@@ -406,6 +406,7 @@ def _convnet_run(program: Any, slots: tuple[DeviceArray, ...]) -> None: ...
 def can_access_peer(device: int, peer_device: int) -> bool: ...
 def enable_peer_access(peer_device: int, device: int | None = None) -> bool: ...  # True: newly on
 def disable_peer_access(peer_device: int, device: int | None = None) -> bool: ...  # True: was on
+def _peer_access_state(device: int, peer_device: int) -> str: ...  # untouched | on | off | unavailable
 
 # ---- NCCL, loaded at run time (csrc/dist/) -------------------------------------------------
 # cudalab.distributed wraps these; ops are NCCL's codes (0 sum, 1 prod, 2 max, 3 min, 4 avg),
