@@ -937,3 +937,27 @@ def test_bench_targets_and_table(bench):
 def test_bench_targets_need_two_gpus(bench):
     parity, loop = bench.evaluate_targets(_bench_rows(bench, 1, 1.0))
     assert parity["held"] is None and loop["held"] is None
+
+
+def test_data_parallel_counts_the_optimizer_in_backward_variant():
+    """DDP with AdamW stepped per bucket is a variant of its own: its finding compares it
+    with plain bf16 DDP, and the issue's target claim takes the fastest variant."""
+    x = lessons.get("data_parallel")
+    r = registry.LessonRun(x, x.defaults(True), True)
+    inside = f"ddp {D.OPTIM_IN_BACKWARD}"
+    found = {1: {("plain", 256): fake_measurement("1 GPU b256", median=1e-3)},
+             2: {("ddp fp32", 256): fake_measurement("ddp fp32 grads 2 GPUs b256", median=1.6e-3),
+                 ("ddp bf16", 256): fake_measurement("ddp bf16 grads 2 GPUs b256", median=1.4e-3),
+                 (inside, 256): fake_measurement(D.label(inside, 2, 256), median=1.25e-3),
+                 ("plain", 256): fake_measurement("no sync 2 GPUs b256", median=1e-3)}}
+    for m in (*found[1].values(), *found[2].values()):
+        r.add(m)
+    assert D._best_ddp(found[2], 256) == (D.OPTIM_IN_BACKWARD, found[2][(inside, 256)])
+    assert D._best_ddp(found[2], 256, "torch") is None
+    text = D.optim_in_backward_text(2, 256, 1.4e-3, 1.25e-3)
+    assert "1.25 ms" in text and "1.40 ms" in text and "1.12x" in text and "faster" in text
+    assert "no faster" in D.optim_in_backward_text(2, 256, 1.2e-3, 1.25e-3)
+    D._claims(r, found, {2: {}}, (256,), None, 2)
+    target = next(c for c in r.claims if "issue 20" in c.claim)
+    assert target.measured == pytest.approx(2 * 1e-3 / 1.25e-3)
+    assert D.OPTIM_IN_BACKWARD in target.why

@@ -115,6 +115,10 @@ def body(config: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+# The worker key's wire name of DDP with bf16 gradients and the optimizer stepped per bucket.
+OPTIM_IN_BACKWARD = "bf16+optim"
+
+
 def _batch(cudalab: Any, dist: Any, tg: M.TorchGroup | None, clock: _Clock, p: dict[str, Any],
            sizes: tuple[int, ...], rank: int, world: int, b: int,
            comm: dict[str, Any] | None) -> dict[str, Any]:
@@ -152,6 +156,19 @@ def _batch(cudalab: Any, dist: Any, tg: M.TorchGroup | None, clock: _Clock, p: d
                 comm[f"{wire} bytes"] = sum(ddp.bucket_bytes)
                 comm[f"{wire} buckets"] = len(ddp.buckets)
             del model, ddp, opt
+        # The lever where the optimizer is much of the step (small batches): each bucket's
+        # AdamW steps on its own stream while the next bucket is all-reduced.
+        model = nn.MLP(sizes, "gelu", seed=seed)
+        ddp = dist.DistributedDataParallel(model, grad_dtype="bf16")
+        ddp.optimize_in_backward(nn.AdamW, lr=lr)
+
+        def step_in_backward() -> None:
+            logits = ddp.forward(x, prec)
+            nn.functional.cross_entropy(logits, labels, grad=logits)
+            ddp.backward(logits)  # steps the bucket optimizers too
+
+        res[f"ddp {OPTIM_IN_BACKWARD}"] = clock.time(step_in_backward)
+        del model, ddp
     cudalab.synchronize()
     if tg is not None:
         res.update(_torch_batch(cudalab, tg, clock, p, sizes, world, x, labels))
