@@ -991,6 +991,7 @@ class NumpyDevice:
         set_(_core, "current_device", lambda: NumpyDevice.current)
         set_(_core, "device_count", lambda: self.count)
         set_(_core, "_parse_device", self.parse_device)
+        set_(_core, "_parse_device_spec", self.parse_device_spec)
         set_(_core, "_exchange_device", self.exchange)
         set_(_core, "can_access_peer", lambda a, b: a != b)
         set_(_core, "enable_peer_access", lambda peer, device=None: True)
@@ -1100,6 +1101,12 @@ class NumpyDevice:
             return None if check_only else NumpyDevice.current
         assert isinstance(device, int) and 0 <= device < self.count, (caller, device)
         return device
+
+    def parse_device_spec(self, device, caller):
+        """The C parser's forms: an int, 'cuda' or 'cuda:N' (None is refused there)."""
+        if isinstance(device, str):
+            device = None if device == "cuda" else int(device.partition(":")[2])
+        return self.parse_device(device, caller)
 
     @staticmethod
     def exchange(device, caller):

@@ -674,36 +674,6 @@ PyDoc_STRVAR(to_doc,
 "ordered after the work on this array's device, and the work enqueued later\n"
 "on either device's current stream waits for it.");
 
-/* A device argument as torch users write it: an int, "cuda" or "cuda:N". */
-static int
-parse_target_device(cl_state *st, PyObject *obj, const char *func, int *device)
-{
-    if (!PyUnicode_Check(obj)) {
-        if (obj == Py_None) {
-            return cl_expected_type_error(func, "device", "an int or 'cuda:N'", obj);
-        }
-        return cl_parse_device(st, obj, func, device);
-    }
-    const char *text = PyUnicode_AsUTF8(obj);
-    if (text == NULL) {
-        return -1;
-    }
-    if (strcmp(text, "cuda") == 0) {
-        return cl_parse_device(st, Py_None, func, device);
-    }
-    char *end = NULL;
-    long index = strncmp(text, "cuda:", 5) == 0 && text[5] != '\0' ? strtol(text + 5, &end, 10)
-                                                                    : -1;
-    if (end == NULL || *end != '\0' || index < 0 || index >= CL_MAX_DEVICES) {
-        return cl_arg_error(PyExc_ValueError, func, "device",
-                            "expected a device index, 'cuda' or 'cuda:N', got %R", obj);
-    }
-    PyObject *as_int = PyLong_FromLong(index);
-    int rc = as_int == NULL ? -1 : cl_parse_device(st, as_int, func, device);
-    Py_XDECREF(as_int);
-    return rc;
-}
-
 static PyObject *
 DeviceArray_to(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -713,14 +683,14 @@ DeviceArray_to(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs, PyObj
     int device, copy = 0;
     if (cl_parse_args("to", args, nargs, kwnames, names, 1, argv) < 0 ||
         (argv[1] != NULL && (copy = PyObject_IsTrue(argv[1])) < 0) ||
-        parse_target_device(st, argv[0], "to", &device) < 0) {
+        cl_parse_device_spec(st, argv[0], "to", &device) < 0) {
         return NULL;
     }
     if (device == self->device) {
         return copy ? (PyObject *)cl_array_copy_op(st, "to", self, self->dtype)
                     : Py_NewRef((PyObject *)self);
     }
-    return (PyObject *)cl_array_to_device(st, "to", self, device);
+    return (PyObject *)cl_array_to_device(st, "to", self, device, NULL);
 }
 
 PyDoc_STRVAR(copy_doc,

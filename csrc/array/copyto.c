@@ -136,26 +136,12 @@ copyto_between_devices(cl_state *st, DeviceArray *dst, DeviceArray *src)
                             "must be C-contiguous for a copy from another device (src is on "
                             "device %d, dst on device %d)", src->device, dst->device), NULL;
     }
-    DeviceArray *from = cl_is_c_contiguous(src)
-                            ? (DeviceArray *)Py_NewRef((PyObject *)src)
-                            : cl_array_copy_op(st, func, src, src->dtype);
-    if (from == NULL) {
+    DeviceArray *done = cl_array_to_device(st, func, src, dst->device, dst);
+    if (done == NULL) {
         return NULL;
     }
-    cl_op op;
-    cl_op_init(&op, st, func);
-    op.device = dst->device;
-    if (cl_op_begin(&op) < 0) {
-        Py_DECREF(from);
-        return NULL;
-    }
-    PyObject *result = cl_copy_between_devices(st, dst, op.stream, from) < 0
-                           ? NULL : Py_NewRef(Py_None);
-    cl_prof_info info = {.dtype = (int)dst->dtype, .bytes = cl_prof_nbytes(dst), .flops = -1,
-                         .ninputs = 1, .inputs = {src}, .out_ndim = dst->ndim,
-                         .out_shape = dst->shape};
-    Py_DECREF(from);
-    return cl_op_end(&op, result, CL_OP_PROFILING(&op) ? &info : NULL);
+    Py_DECREF(done);
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(copyto_doc,

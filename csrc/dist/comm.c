@@ -475,17 +475,13 @@ Comm_dealloc(NcclComm *self)
     if (!self->closed && !atomic_load(&self->aborted)) {
         (void)self->api->CommAbort(self->comm);
     }
-    int previous = self->device;
-    bool moved = cudaGetDevice(&previous) == cudaSuccess && previous != self->device &&
-                 cudaSetDevice(self->device) == cudaSuccess;
+    int previous = cl_device_enter_quiet(self->device);
     for (int i = 0; i < WATCH_SLOTS; i++) {
         if (self->ring[i].event != NULL && cudaEventDestroy(self->ring[i].event) != cudaSuccess) {
             (void)cudaGetLastError();
         }
     }
-    if (moved) {
-        (void)cudaSetDevice(previous);
-    }
+    cl_device_exit(self->device, previous);
     pthread_mutex_destroy(&self->call_lock);
     pthread_mutex_destroy(&self->lock);
     pthread_cond_destroy(&self->wake);
@@ -713,13 +709,9 @@ cl_nccl_group_finish(bool ok)
             if (!c->watching || atomic_load(&c->aborted)) {
                 continue;
             }
-            int previous = c->device;
-            bool moved = cudaGetDevice(&previous) == cudaSuccess && previous != c->device &&
-                         cudaSetDevice(c->device) == cudaSuccess;
+            int previous = cl_device_enter_quiet(c->device);
             watch_push(c, tl_group[i].stream, "grouped collective");
-            if (moved) {
-                (void)cudaSetDevice(previous);
-            }
+            cl_device_exit(c->device, previous);
         }
         Py_END_ALLOW_THREADS
     }
@@ -1017,13 +1009,9 @@ Comm_destroy(NcclComm *self, PyObject *unused)
     watchdog_stop(self);
     aborted = atomic_load(&self->aborted);
     if (!aborted) {
-        int previous = self->device;
-        bool moved = cudaGetDevice(&previous) == cudaSuccess && previous != self->device &&
-                     cudaSetDevice(self->device) == cudaSuccess;
+        int previous = cl_device_enter_quiet(self->device);
         r = self->api->CommDestroy(self->comm);
-        if (moved) {
-            (void)cudaSetDevice(previous);
-        }
+        cl_device_exit(self->device, previous);
     }
     Py_END_ALLOW_THREADS
     self->closed = true;

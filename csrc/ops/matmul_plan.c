@@ -142,10 +142,7 @@ make_thread_key(void)
 static void
 handle_destroy(cl_state *st, mm_handle *h, int d)
 {
-    int previous = d;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != d) {
-        (void)cudaSetDevice(d);
-    }
+    int previous = cl_device_enter_quiet(d);
     (void)cublasLtDestroy(h->lt);
     (void)cublasDestroy(h->blas);
     if (h->switch_event != NULL) {

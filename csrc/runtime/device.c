@@ -64,6 +64,20 @@ fail:
     return -1;
 }
 
+int
+cl_device_enter_quiet(int device)
+{
+    int previous = device;
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return device;
+    }
+    if (previous != device && cudaSetDevice(device) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+    return previous;
+}
+
 void
 cl_device_exit(int device, int previous)
 {
@@ -106,6 +120,35 @@ cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device)
     }
     *device = (int)index;
     return 0;
+}
+
+int
+cl_parse_device_spec(cl_state *st, PyObject *obj, const char *func, int *device)
+{
+    if (!PyUnicode_Check(obj)) {
+        if (obj == Py_None) {
+            return cl_expected_type_error(func, "device", "an int or 'cuda:N'", obj);
+        }
+        return cl_parse_device(st, obj, func, device);
+    }
+    const char *text = PyUnicode_AsUTF8(obj);
+    if (text == NULL) {
+        return -1;
+    }
+    if (strcmp(text, "cuda") == 0) {
+        return cl_parse_device(st, Py_None, func, device);
+    }
+    /* "cuda:" and then decimal digits only (no sign, no spaces). */
+    const char *digits = strncmp(text, "cuda:", 5) == 0 ? text + 5 : "";
+    size_t n = strspn(digits, "0123456789");
+    if (n == 0 || n > 4 || digits[n] != '\0') {
+        return cl_arg_error(PyExc_ValueError, func, "device",
+                            "expected a device index, 'cuda' or 'cuda:N', got %R", obj);
+    }
+    PyObject *as_int = PyLong_FromString(digits, NULL, 10);
+    int rc = as_int == NULL ? -1 : cl_parse_device(st, as_int, func, device);
+    Py_XDECREF(as_int);
+    return rc;
 }
 
 int
@@ -368,6 +411,26 @@ _parse_device(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObjec
     return PyLong_FromLong(device);
 }
 
+PyDoc_STRVAR(_parse_device_spec_doc,
+"_parse_device_spec(device, caller)\n--\n\n"
+"A target device as torch users write it (an int, 'cuda' for the current\n"
+"device, 'cuda:N') as an index, checked as DeviceArray.to checks it; errors\n"
+"name `caller`. None is refused: a move needs a target.");
+
+static PyObject *
+_parse_device_spec(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"device", "caller", NULL};
+    PyObject *argv[2];
+    const char *caller = NULL;
+    int device;
+    if (parse_helper_args("_parse_device_spec", names, args, nargs, kwnames, argv, &caller) < 0 ||
+        cl_parse_device_spec(cl_state_from_module(module), argv[0], caller, &device) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLong(device);
+}
+
 PyDoc_STRVAR(_exchange_device_doc,
 "_exchange_device(device, caller)\n--\n\n"
 "Make `device` current and return the device that was current before\n"
@@ -413,6 +476,7 @@ PyMethodDef cl_device_methods[] = {
     {"_device_properties", (PyCFunction)(void (*)(void))device_properties,
      METH_FASTCALL | METH_KEYWORDS, device_properties_doc},
     CL_FASTCALL(_parse_device),
+    CL_FASTCALL(_parse_device_spec),
     CL_FASTCALL(_exchange_device),
     {NULL, NULL, 0, NULL},
 };

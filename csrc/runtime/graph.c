@@ -112,10 +112,7 @@ cl_graph_release(PyObject *graph, void *ptr)
 static void
 destroy_all(GraphObject *g)
 {
-    int previous = g->device;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != g->device) {
-        (void)cudaSetDevice(g->device);
-    }
+    int previous = cl_device_enter_quiet(g->device);
     if (g->launched) {
         /* Graph memory is live after a launch; free it after the last one. */
         for (Py_ssize_t i = 0; i < g->num_ptrs; i++) {

@@ -140,10 +140,7 @@ cl_free(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t stream)
     cl_device_state *ds = &st->devices[device];
     ds->requested_current -= nbytes;
     ds->num_frees++;
-    int previous = device;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device) {
-        (void)cudaSetDevice(device);
-    }
+    int previous = cl_device_enter_quiet(device);
     /* Errors cannot be raised from a destructor; at interpreter exit the
      * runtime may already be unloading (cudaErrorCudartUnloading). */
     if (cudaFreeAsync(ptr, stream) != cudaSuccess) {
@@ -159,10 +156,7 @@ cl_free_after(cl_state *st, int device, void *ptr, size_t nbytes, cudaStream_t s
     if (ptr != NULL && (num_used > 0 || overflow)) {
         /* Stream-safe free (record_stream): the memory goes back to the pool
          * on `stream` only after the other streams' work enqueued so far. */
-        int previous = device;
-        if (cudaGetDevice(&previous) == cudaSuccess && previous != device) {
-            (void)cudaSetDevice(device);
-        }
+        int previous = cl_device_enter_quiet(device);
         if (overflow) {
             /* Called from a DeviceArray's dealloc, which holds the GIL. */
             cudaError_t err;

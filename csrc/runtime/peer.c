@@ -75,42 +75,32 @@ cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
 {
     size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
     cudaStream_t src_stream = cl_current_stream_of(src->device);
-    cudaEvent_t ready = NULL, done = NULL;
-    int previous, rc = -1;
+    int previous;
     if (nbytes == 0) {
         return 0;
     }
     /* The copy runs on dst's device, its engines reading src's memory. */
     first_copy_access(st, dst->device, src->device);
-    if (cl_device_enter(st, src->device, &previous) < 0) {
+    if (cl_stream_wait_stream(st, dst_stream, src_stream, src->device) < 0 ||
+        cl_device_enter(st, dst->device, &previous) < 0) {
         return -1;
     }
-    CL_CUDA_CHECK(st, cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CL_CUDA_CHECK(st, cudaEventRecord(ready, src_stream));
-    CL_CUDA_CHECK(st, cudaSetDevice(dst->device));
-    CL_CUDA_CHECK(st, cudaStreamWaitEvent(dst_stream, ready, 0));
-    CL_CUDA_CHECK(st, cudaMemcpyPeerAsync(dst->data, dst->device, src->data, src->device, nbytes,
-                                          dst_stream));
-    CL_CUDA_CHECK(st, cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CL_CUDA_CHECK(st, cudaEventRecord(done, dst_stream));
-    CL_CUDA_CHECK(st, cudaStreamWaitEvent(src_stream, done, 0));
+    cudaError_t err = cudaMemcpyPeerAsync(dst->data, dst->device, src->data, src->device, nbytes,
+                                          dst_stream);
+    cl_device_exit(dst->device, previous);
+    CL_CUDA_CHECK(st, err);
+    if (cl_stream_wait_stream(st, src_stream, dst_stream, dst->device) < 0) {
+        return -1;
+    }
     cl_array_note_stream(src, src_stream);
     cl_array_note_stream(dst, dst_stream);
-    rc = 0;
+    return 0;
 fail:
-    /* Destroying a recorded event is fine: CUDA frees it once it completes. */
-    if (ready != NULL) {
-        (void)cudaEventDestroy(ready);
-    }
-    if (done != NULL) {
-        (void)cudaEventDestroy(done);
-    }
-    (void)cudaSetDevice(previous); /* the caller's device, whichever is current now */
-    return rc;
+    return -1;
 }
 
 DeviceArray *
-cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device)
+cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device, DeviceArray *dst)
 {
     DeviceArray *src = a, *out = NULL;
     cl_op op;
@@ -131,7 +121,8 @@ cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device)
         Py_DECREF(src);
         return NULL;
     }
-    out = cl_op_new(&op, a->ndim, a->shape, NULL, a->dtype);
+    out = dst != NULL ? (DeviceArray *)Py_NewRef((PyObject *)dst)
+                      : cl_op_new(&op, a->ndim, a->shape, NULL, a->dtype);
     if (out != NULL && cl_copy_between_devices(st, out, op.stream, src) < 0) {
         Py_CLEAR(out);
     }

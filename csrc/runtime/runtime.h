@@ -23,6 +23,9 @@ int cl_require_device(cl_state *st, const char *func);
 int cl_parse_device(cl_state *st, PyObject *obj, const char *func, int *device);
 /* The same for a FASTCALL function whose only argument is `device`
  * (optional unless `required`). */
+/* A target device as torch users write it: an int, "cuda" (the current
+ * device) or "cuda:N"; None refused. Spelling errors need no GPU. */
+int cl_parse_device_spec(cl_state *st, PyObject *obj, const char *func, int *device);
 int cl_parse_device_arg(cl_state *st, const char *func, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames, bool required, int *device);
 int cl_current_device(cl_state *st, int *device);
@@ -30,6 +33,9 @@ int cl_current_device(cl_state *st, int *device);
  * the caller's device back (a no-op when they were the same). */
 int cl_device_enter(cl_state *st, int device, int *previous);
 void cl_device_exit(int device, int previous);
+/* cl_device_enter for code that cannot raise (deallocators, threads without
+ * the GIL): errors are cleared, and the result goes to cl_device_exit. */
+int cl_device_enter_quiet(int device);
 /* Parse an index argument: Python int (not bool), returned as Py_ssize_t. */
 int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out);
 
@@ -46,6 +52,12 @@ int cl_stream_init(PyObject *module, cl_state *st);
 void cl_array_note_stream(const DeviceArray *a, cudaStream_t s);
 /* DeviceArray.record_stream (array.c's method table points here). */
 PyObject *cl_array_record_stream(PyObject *self, PyObject *stream);
+/* `stream` waits for all work enqueued so far on `other` (of `other_device`;
+ * the two may be on different devices: the event is made and recorded on
+ * other's, and a stream may wait for an event of any device). The caller's
+ * current device is kept. Returns 0 or -1. */
+int cl_stream_wait_stream(cl_state *st, cudaStream_t stream, cudaStream_t other,
+                          int other_device);
 /* A Stream's handle and device; TypeError naming func/param otherwise. */
 int cl_stream_handle(cl_state *st, PyObject *obj, const char *func, const char *param,
                      cudaStream_t *handle, int *device);
@@ -78,9 +90,11 @@ extern PyMethodDef cl_peer_methods[]; /* can_access_peer, enable/disable_peer_ac
  * caller's current device is put back. Returns 0 or -1. */
 int cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
                             const DeviceArray *src);
-/* `a`'s values in a new C-contiguous array on `device` (another device than
- * a's), as the op `func`. */
-DeviceArray *cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device);
+/* `a`'s values copied, as the op `func`, to `device` (another device than
+ * a's): into `dst` (C-contiguous, a's shape and dtype, on `device`), or a
+ * new C-contiguous array when dst is NULL. Returns a new reference to it. */
+DeviceArray *cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device,
+                                DeviceArray *dst);
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 

@@ -179,11 +179,8 @@ fail:
     return -1;
 }
 
-/* `stream` waits for all work enqueued so far on `other` (of `other_device`;
- * the two may be on different devices: the event is made and recorded on
- * other's, and a stream may wait for an event of any device). */
-static int
-stream_wait_stream(cl_state *st, cudaStream_t stream, cudaStream_t other, int other_device)
+int
+cl_stream_wait_stream(cl_state *st, cudaStream_t stream, cudaStream_t other, int other_device)
 {
     cudaEvent_t ev = NULL;
     int previous;
@@ -450,7 +447,7 @@ Stream_wait_stream(StreamObject *self, PyObject *other)
 {
     cl_state *st = state_of((PyObject *)self);
     if (check_type(other, st->Stream_Type, "wait_stream", "stream", "a Stream") < 0 ||
-        stream_wait_stream(st, self->handle, ((StreamObject *)other)->handle,
+        cl_stream_wait_stream(st, self->handle, ((StreamObject *)other)->handle,
                            ((StreamObject *)other)->device) < 0) {
         return NULL;
     }

@@ -29,7 +29,6 @@ import numpy as np
 from .. import _core
 from ..devices import device as _device
 from ..nn._util import check_int
-from ..nn.layers import _target_device
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 from ..nn.precision import get_precision
 from ..streams import graph as _graph
@@ -152,7 +151,7 @@ class ResNet50:
         ResNet50
             self.
         """
-        dev = _target_device(device, "to")
+        dev = _core._parse_device_spec(device, "to")
         if dev == self.device:
             return self
         weights, fc_bias = self._weights.to(dev), self._fc_bias.to(dev)

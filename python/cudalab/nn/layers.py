@@ -50,23 +50,6 @@ U8 = np.dtype(np.uint8)
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _target_device(device: Any, func: str) -> int:
-    """`device` as a device index: an int, 'cuda' (the current device) or 'cuda:N', as
-    DeviceArray.to spells it; TypeError / ValueError naming `func`, before any GPU work
-    for a bad type or spelling."""
-    if isinstance(device, str):
-        if device == "cuda":
-            return _core.current_device()
-        head, _, index = device.partition(":")
-        if head != "cuda" or not index.isdigit():
-            raise arg_error(ValueError, func, "device",
-                            f"expected a device index, 'cuda' or 'cuda:N', got {device!r}")
-        device = int(index)
-    if device is None:
-        raise arg_error(TypeError, func, "device", "expected an int or 'cuda:N', got NoneType")
-    return _core._parse_device(device, func)
-
-
 def _on_own_device(method: _Method) -> _Method:
     """Run `method` with its object's device (``self.device``) current.
 
@@ -237,7 +220,7 @@ class Linear:
         larger buffer (DistributedDataParallel's buckets) becomes an array
         of its own.
         """
-        dev = _target_device(device, "to")
+        dev = _core._parse_device_spec(device, "to")
         if dev == self.device:
             return self
         for p in self.parameters():
@@ -565,7 +548,7 @@ class MLP:
         MLP
             self, as torch's ``Module.to``.
         """
-        dev = _target_device(device, "to")
+        dev = _core._parse_device_spec(device, "to")
         if any(layer.device != dev for layer in self.layers):
             for layer in self.layers:
                 layer.to(dev)
