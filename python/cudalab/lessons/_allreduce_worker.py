@@ -24,7 +24,6 @@ the same calls in the same order, or the collectives would wait forever.
 
 from __future__ import annotations
 
-import socket
 import sys
 from typing import Any
 
@@ -68,19 +67,8 @@ def body(config: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     import cudalab.distributed as dist
 
     p = config["params"]
-    timeout = float(config["timeout"])
-    dist.init(timeout=timeout)
-    device = dist.get_group().device
-    cudalab.set_device(device)
-    props = cudalab.get_device_properties(device)
-    want_torch = M.torch_wanted(p["torch"])
-    tt = M.TorchGroup(rank, world, device, timeout) if want_torch else None
-    out: dict[str, Any] = {
-        "device": device, "device_name": props.name, "host": socket.gethostname(),
-        "nccl": ".".join(map(str, dist.nccl_version())), "nccl_library": dist.nccl_library(),
-        "torch": None if tt is None else tt.version, "torch_nccl": None if tt is None else tt.nccl,
-        "sizes": [], "latency": {},
-    }
+    device, tt = M.join_job(config, rank, world)
+    out: dict[str, Any] = {**M.worker_facts(device, tt), "sizes": [], "latency": {}}
 
     counts = [max(1, int(b) // 4) for b in p["sizes"]]
     top = max(counts + [LATENCY_BYTES // 4])

@@ -30,7 +30,6 @@ sets the repeats is the slowest rank's (an all_reduce with MAX).
 
 from __future__ import annotations
 
-import socket
 import sys
 from typing import Any, Callable
 
@@ -92,18 +91,10 @@ def body(config: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     import cudalab.distributed as dist
 
     p = config["params"]
-    timeout = float(config["timeout"])
-    dist.init(timeout=timeout)
-    device = dist.get_group().device
-    cudalab.set_device(device)
-    tg = M.TorchGroup(rank, world, device, timeout) if M.torch_wanted(p["torch"]) else None
+    device, tg = M.join_job(config, rank, world)
     clock = _Clock(cudalab, dist, tg, p)
     sizes = tuple(config["sizes"])
-    out: dict[str, Any] = {
-        "device": device, "device_name": cudalab.get_device_properties(device).name,
-        "host": socket.gethostname(), "nccl": ".".join(map(str, dist.nccl_version())),
-        "torch": None if tg is None else tg.version, "batches": [], "comm": {},
-    }
+    out: dict[str, Any] = {**M.worker_facts(device, tg), "batches": [], "comm": {}}
     for i, b in enumerate(config["batches"]):
         out["batches"].append(_batch(cudalab, dist, tg, clock, p, sizes, rank, world, int(b),
                                      out["comm"] if i == 0 else None))

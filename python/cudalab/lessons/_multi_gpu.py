@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -75,6 +76,33 @@ def check_gpus(lesson: str, value: Any, name: str = "gpus") -> int | None:
         raise ValueError(f"lesson {lesson!r}: {name} must be None (every GPU) or an int >= 1, "
                          f"got {value!r}")
     return int(value)
+
+
+# ---- parameters the lessons share ------------------------------------------------------------
+
+
+def one_or_many(value: Any) -> tuple:
+    """A parameter given as one int or as a sequence, as a tuple."""
+    return (value,) if isinstance(value, int) else tuple(value)
+
+
+def positive_ints(lesson: str, name: str, value: Any) -> tuple[int, ...]:
+    """One int or a sequence of ints, each >= 1, as a tuple in order; ValueError otherwise."""
+    values = one_or_many(value)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"lesson {lesson!r}: {name} must be ints >= 1, got {v!r}")
+    return values
+
+
+def float32_byte_sizes(lesson: str, value: Any) -> tuple[int, ...]:
+    """Message sizes in bytes of float32 data (ints >= 4, multiples of 4), as a tuple."""
+    sizes = one_or_many(value)
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 4 or s % 4:
+            raise ValueError(f"lesson {lesson!r}: sizes are bytes of float32, ints >= 4 and "
+                             f"multiples of 4, got {s!r}")
+    return sizes
 
 
 def gpus_used(requested: int | None, present: int) -> int:
@@ -382,3 +410,26 @@ def torch_wanted(asked: bool) -> bool:
     import importlib.util
 
     return bool(asked) and importlib.util.find_spec("torch") is not None
+
+
+def join_job(config: Mapping[str, Any], rank: int, world: int) -> tuple[int, TorchGroup | None]:
+    """A worker's start: cudalab.distributed.init() (which makes this rank's GPU current)
+    and, where the lesson asked for torch and it is installed, torch's group beside it.
+    Returns (the device, the TorchGroup or None)."""
+    import cudalab.distributed as dist
+
+    timeout = float(config["timeout"])
+    device = dist.init(timeout=timeout).device
+    wanted = torch_wanted(config["params"]["torch"])
+    return device, TorchGroup(rank, world, device, timeout) if wanted else None
+
+
+def worker_facts(device: int, tg: TorchGroup | None) -> dict[str, Any]:
+    """What every worker reports about where it ran: GPU, host, NCCL and torch versions."""
+    import cudalab.distributed as dist
+
+    return {"device": device, "device_name": _core._device_properties(device)["name"],
+            "host": socket.gethostname(), "nccl": ".".join(map(str, dist.nccl_version())),
+            "nccl_library": dist.nccl_library(),
+            "torch": None if tg is None else tg.version,
+            "torch_nccl": None if tg is None else tg.nccl}

@@ -122,12 +122,7 @@ def latency_text(loop_s: float, graph_s: float, torch_s: float | None, n: int) -
 
 def check_params(p: Mapping[str, Any]) -> tuple[int, ...]:
     """The sizes in bytes (sorted, repeats dropped) from the params; ValueError on a bad one."""
-    sizes = p["sizes"]
-    sizes = (sizes,) if isinstance(sizes, int) and not isinstance(sizes, bool) else tuple(sizes)
-    for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 4 or s % 4:
-            raise ValueError(f"lesson 'allreduce': sizes are bytes of float32, ints >= 4 and "
-                             f"multiples of 4, got {s!r}")
+    sizes = M.float32_byte_sizes("allreduce", p["sizes"])
     if not sizes:
         raise ValueError("lesson 'allreduce': sizes must name at least one size")
     M.check_gpus("allreduce", p["gpus"])

@@ -142,12 +142,7 @@ def overlap_text(wire: str, k: int, b: int, compute: float, comm: float, step: f
 def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(the MLP's sizes, the per-GPU batches) from the params; ValueError on a bad one."""
     sizes = T.check_sizes("data_parallel", p)
-    batches = p["batches"]
-    batches = (batches,) if isinstance(batches, int) and not isinstance(batches, bool) \
-        else tuple(batches)
-    for b in batches:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"lesson 'data_parallel': batches must be ints >= 1, got {b!r}")
+    batches = M.positive_ints("data_parallel", "batches", p["batches"])
     if not batches or len(set(batches)) != len(batches):
         raise ValueError(f"lesson 'data_parallel': batches must be distinct and at least one, "
                          f"got {batches!r}")

@@ -57,11 +57,7 @@ def ordered_pairs(n: int) -> list[tuple[int, int]]:
 
 def check_params(p: Mapping[str, Any]) -> tuple[int, ...]:
     """The sizes in bytes (sorted, repeats dropped) from the params; ValueError on a bad one."""
-    sizes = tuple(p["sizes"]) if not isinstance(p["sizes"], int) else (p["sizes"],)
-    for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 4 or s % 4:
-            raise ValueError(f"lesson 'p2p': sizes are bytes of float32, ints >= 4 and "
-                             f"multiples of 4, got {s!r}")
+    sizes = M.float32_byte_sizes("p2p", p["sizes"])
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if len(sizes) < 2:
         raise ValueError(f"lesson 'p2p': sizes needs at least 2 different sizes (latency and "

@@ -119,12 +119,7 @@ def bubble_text(stages: int, chunks: int, step_ms: float, bubble: float, gpipe: 
 def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(the MLP's sizes, the micro-batch counts) from the params; ValueError on a bad one."""
     sizes = T.check_sizes("pipeline_parallel", p)
-    chunks = p["chunks"]
-    chunks = (chunks,) if isinstance(chunks, int) and not isinstance(chunks, bool) \
-        else tuple(chunks)
-    for c in chunks:
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise ValueError(f"lesson 'pipeline_parallel': chunks must be ints >= 1, got {c!r}")
+    chunks = M.positive_ints("pipeline_parallel", "chunks", p["chunks"])
     if not chunks:
         raise ValueError("lesson 'pipeline_parallel': chunks must name at least one count")
     T.check_positive("pipeline_parallel", p, "batch", "repeats", "timing_steps", "check_rows")
