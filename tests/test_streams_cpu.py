@@ -77,11 +77,26 @@ def test_graph_stream_type():
         cudalab.graph(CUDAGraph(), stream="s")
 
 
-def test_cudagraph_no_arguments():
-    with pytest.raises(TypeError, match="takes no arguments"):
+def test_cudagraph_arguments():
+    with pytest.raises(TypeError, match="takes no positional arguments"):
         CUDAGraph(1)
     with pytest.raises(TypeError):
         CUDAGraph(x=1)
+    with pytest.raises(TypeError, match="'keep_temporaries' expected a bool or None, got int"):
+        CUDAGraph(keep_temporaries=1)
+
+
+def test_cudagraph_keep_temporaries(monkeypatch):
+    monkeypatch.delenv("CUDALAB_GRAPH_KEEP_TEMPORARIES", raising=False)
+    assert CUDAGraph().keep_temporaries is False
+    assert CUDAGraph(keep_temporaries=True).keep_temporaries is True
+    # None reads the environment when the graph is made (what sanitize.sh sets).
+    monkeypatch.setenv("CUDALAB_GRAPH_KEEP_TEMPORARIES", "1")
+    assert CUDAGraph().keep_temporaries is True
+    assert CUDAGraph(keep_temporaries=None).keep_temporaries is True
+    assert CUDAGraph(keep_temporaries=False).keep_temporaries is False
+    monkeypatch.setenv("CUDALAB_GRAPH_KEEP_TEMPORARIES", "0")
+    assert CUDAGraph().keep_temporaries is False
 
 
 def test_cudagraph_fresh_state():

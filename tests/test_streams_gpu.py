@@ -519,6 +519,37 @@ def test_graph_errors_inside_block_propagate_unchanged(rng):
     assert cl.current_stream().cuda_stream == 0
 
 
+def address(a):
+    return a.__cuda_array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_graph_temporaries_and_later_allocations(rng, keep):
+    """A temporary freed during capture, then a smaller array made in the same
+    capture (the cross-entropy pattern of issue 21: a reduced loss's scratch,
+    then a 'none' loss). Freed inside the graph, CUDA may give both one
+    address; kept, each has its own. Either way every replay is right."""
+    x = cl.asarray(random_array(rng, 37, np.float32))
+    g = CUDAGraph(keep_temporaries=keep)
+    with cl.graph(g):
+        scratch = x * 2.0  # a temporary of the capture
+        scratch_at = address(scratch)
+        total = cl.sum(scratch)
+        del scratch
+        later = x + 1.0
+    assert g.keep_temporaries is keep
+    if keep:
+        assert address(later) != scratch_at
+    for shift in (0.0, 3.0):
+        cl.add(x, shift, out=x)
+        g.replay()
+        host = x.get()
+        np.testing.assert_allclose(total.get(), (host * 2.0).sum(dtype=np.float64), rtol=1e-5)
+        np.testing.assert_allclose(later.get(), host + 1.0, rtol=1e-6)
+    del later, total
+    g.reset()
+
+
 def test_graph_memory_released(rng):
     x = cl.asarray(random_array(rng, 1 << 16, np.float32))
     cl.synchronize()

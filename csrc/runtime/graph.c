@@ -9,11 +9,22 @@
  * for the graph's life, so arrays created during capture stay valid after it
  * and hold their values after each replay. Such an array (a->graph set) does
  * not free its memory itself:
- *   - it dies during capture (a temporary): its free is captured too;
+ *   - it dies during capture (a temporary): its free is captured too, and a
+ *     later allocation of the same graph may get the same address (CUDA
+ *     reuses addresses of graph allocations whose lifetimes do not overlap).
+ *     compute-sanitizer's memcheck attributes such an address to the last
+ *     allocation made there and reports accesses of the earlier, larger one
+ *     as out of bounds (a 20-line CUDA program without cudalab shows it), so
+ *     keep_temporaries=True (or CUDALAB_GRAPH_KEEP_TEMPORARIES=1, which
+ *     scripts/sanitize.sh sets) keeps temporaries until the next replay or
+ *     reset instead: every allocation of the graph then has its own address;
  *   - it dies later: the graph keeps the address and frees it when the graph
  *     is reset or destroyed (after its last launch). Each array holds a
  *     reference to the graph, and reset() refuses while any is alive. */
 #include "cudalab.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     PyObject_HEAD
@@ -22,6 +33,7 @@ typedef struct {
     int device;
     bool capturing;
     bool launched;
+    bool keep_temporaries;      /* no free inside the graph: see the header */
     cudaStream_t capture_stream;
     cudaStream_t launch_stream; /* last replay's stream */
     void **ptrs;                /* graph allocations not freed inside the graph */
@@ -100,7 +112,7 @@ cl_graph_release(PyObject *graph, void *ptr)
 {
     GraphObject *g = (GraphObject *)graph;
     g->live_arrays--;
-    if (g->capturing && tl_capture_graph == g && forget_ptr(g, ptr)) {
+    if (g->capturing && tl_capture_graph == g && !g->keep_temporaries && forget_ptr(g, ptr)) {
         /* A temporary of the captured work: capture its free as well. */
         if (cudaFreeAsync(ptr, g->capture_stream) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -175,11 +187,34 @@ graph_state_error(GraphObject *g, const char *func, const char *message)
     return NULL;
 }
 
+/* keep_temporaries: True/False, or None for the environment's
+ * CUDALAB_GRAPH_KEEP_TEMPORARIES ("1" keeps them). */
+static int
+parse_keep_temporaries(PyObject *obj, bool *keep)
+{
+    if (obj == NULL || obj == Py_None) {
+        const char *env = getenv("CUDALAB_GRAPH_KEEP_TEMPORARIES");
+        *keep = env != NULL && strcmp(env, "1") == 0;
+        return 0;
+    }
+    if (!PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "CUDAGraph(): 'keep_temporaries' expected a bool or None, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *keep = obj == Py_True;
+    return 0;
+}
+
 static PyObject *
 Graph_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "CUDAGraph() takes no arguments");
+    static char *kwlist[] = {"keep_temporaries", NULL};
+    PyObject *keep_obj = NULL;
+    bool keep;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$O:CUDAGraph", kwlist, &keep_obj) ||
+        parse_keep_temporaries(keep_obj, &keep) < 0) {
         return NULL;
     }
     GraphObject *g = PyObject_New(GraphObject, type);
@@ -190,6 +225,7 @@ Graph_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     g->exec = NULL;
     g->device = 0;
     g->capturing = g->launched = false;
+    g->keep_temporaries = keep;
     g->capture_stream = g->launch_stream = NULL;
     g->ptrs = NULL;
     g->num_ptrs = g->cap_ptrs = 0;
@@ -372,6 +408,12 @@ Graph_get_captured(GraphObject *self, void *c)
     return PyBool_FromLong(self->exec != NULL);
 }
 
+static PyObject *
+Graph_get_keep_temporaries(GraphObject *self, void *c)
+{
+    return PyBool_FromLong(self->keep_temporaries);
+}
+
 static PyMethodDef Graph_methods[] = {
     {"capture_begin", (PyCFunction)Graph_capture_begin, METH_O, Graph_capture_begin_doc},
     {"capture_end", (PyCFunction)Graph_capture_end, METH_NOARGS, Graph_capture_end_doc},
@@ -386,15 +428,23 @@ static PyGetSetDef Graph_getset[] = {
      NULL},
     {"captured", (getter)Graph_get_captured, NULL, "True when replay() has a graph to run.",
      NULL},
+    {"keep_temporaries", (getter)Graph_get_keep_temporaries, NULL,
+     "True when temporaries of the capture live until the next replay or reset().", NULL},
     {NULL},
 };
 
 PyDoc_STRVAR(Graph_doc,
-"CUDAGraph()\n--\n\n"
+"CUDAGraph(*, keep_temporaries=None)\n--\n\n"
 "A captured CUDA graph. Capture with ``with cudalab.graph(g):``, then\n"
 "``g.replay()`` runs the captured work again on the current stream.\n"
 "Arrays created during capture keep fixed addresses: after each replay they\n"
-"hold that replay's results.");
+"hold that replay's results.\n\n"
+"Temporaries (arrays created and dropped during the capture) are freed inside\n"
+"the graph, and CUDA may give a later allocation of the same graph the same\n"
+"address. keep_temporaries=True keeps them until the next replay or reset()\n"
+"instead (more memory, every allocation its own address), which\n"
+"compute-sanitizer's memcheck needs to judge accesses correctly. None (the\n"
+"default) reads CUDALAB_GRAPH_KEEP_TEMPORARIES from the environment ('1': keep).");
 
 static PyType_Slot Graph_slots[] = {
     {Py_tp_doc, (void *)Graph_doc},

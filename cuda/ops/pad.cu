@@ -34,13 +34,16 @@ constexpr unsigned int kMaxGridYZ = 65535;
 struct PadArgs {
     void *dst;
     const void *src;
+    uintptr_t src_end; // one past the last source byte read: vector loads stop before it
     int64_t dst_rows, dst_cols, src_batch, src_row, rows, cols, depth;
 };
 
 // The 16 bytes starting at any address p: two aligned loads, then each
 // output word is cut from the 8 words loaded with one funnel shift. The
-// second load stays inside the 16-byte block holding p's last byte, so it
-// never leaves the allocation.
+// second load ends with the 16-byte block holding p's last byte: up to 15
+// bytes past it, which no fault can come from (allocations are aligned far
+// more coarsely) but which may lie past the end of the allocation, where
+// compute-sanitizer rightly reports the read. Callers check fits16 first.
 __device__ __forceinline__ uint4
 load_unaligned16(const void *p)
 {
@@ -73,6 +76,13 @@ load_unaligned16(const void *p)
     return out;
 }
 
+// load_unaligned16(p) reads no byte at or past `end`.
+__device__ __forceinline__ bool
+fits16(const void *p, uintptr_t end)
+{
+    return (((uintptr_t)p + kChunkBytes - 1) | (uintptr_t)(kChunkBytes - 1)) < end;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 pad_matrices(PadArgs a)
@@ -98,7 +108,7 @@ pad_matrices(PadArgs a)
                 T e[V];
             } v;
             bool whole = c0 >= 0 && c0 + V <= a.dst_cols;
-            if (r < a.rows && c0 >= 0 && c0 + V <= a.cols) {
+            if (r < a.rows && c0 >= 0 && c0 + V <= a.cols && fits16(s + c0, a.src_end)) {
                 v.chunk = load_unaligned16(s + c0);
             }
             else {
@@ -156,7 +166,13 @@ cl_pad_matrices(void *dst, int64_t dst_rows, int64_t dst_cols, const void *src,
     if (dst_rows == 0 || dst_cols == 0 || depth == 0) {
         return cudaSuccess;
     }
-    PadArgs a = {dst, src, dst_rows, dst_cols, src_batch, src_row, rows, cols, depth};
+    // The last element read is (depth-1, rows-1, cols-1); strides may be 0.
+    int64_t last = (rows > 0 && cols > 0)
+                       ? (depth - 1) * (src_batch > 0 ? src_batch : 0) +
+                             (rows - 1) * (src_row > 0 ? src_row : 0) + cols - 1
+                       : -1;
+    uintptr_t src_end = (uintptr_t)src + (uintptr_t)((last + 1) * (int64_t)itemsize);
+    PadArgs a = {dst, src, src_end, dst_rows, dst_cols, src_batch, src_row, rows, cols, depth};
     switch (itemsize) {
     case 2: return launch<uint16_t>(a, stream);
     case 4: return launch<uint32_t>(a, stream);
