@@ -1,10 +1,15 @@
 /* DeviceArray: an n-dimensional strided view of device memory (rank <= 8).
  *
- * Layout: `data` points at element [0, ..., 0]; strides are in bytes and
- * non-negative (views come from slicing with positive steps, transposes and
- * reshapes, none of which need negative strides). An owner array (base ==
- * NULL) returns its pool allocation on its stream when it dies; a view holds
- * a reference to the root owner, so views of views never form chains. */
+ * Layout: `data` points at element [0, ..., 0]; strides are in bytes and of
+ * either sign, as in NumPy: a negative slice step (a[::-1]) gives a view whose
+ * `data` is the last element in memory of that axis and whose stride is
+ * negative, so `data` is not the lowest address a view touches
+ * (cl_array_extent gives the byte range). Code that moves bytes as one block
+ * (memcpy, cuBLAS, NCCL) only takes C-contiguous or dense arrays, whose
+ * strides are positive; everything else goes through the strided kernels,
+ * which take signed element strides. An owner array (base == NULL) returns
+ * its pool allocation on its stream when it dies; a view holds a reference to
+ * the root owner, so views of views never form chains. */
 #include "cudalab.h"
 #include <structmember.h> /* T_PYSSIZET, READONLY on Python < 3.12 */
 
@@ -100,6 +105,17 @@ bool
 cl_is_dense(const DeviceArray *a)
 {
     return cl_layout_is_dense(a->ndim, a->shape, a->strides, cl_itemsize(a->dtype));
+}
+
+bool
+cl_has_negative_stride(const DeviceArray *a)
+{
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] > 1 && a->strides[i] < 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 /* ---- construction ---------------------------------------------------------- */
@@ -482,7 +498,8 @@ get_T(DeviceArray *self, void *closure)
 
 static PyGetSetDef DeviceArray_getset[] = {
     {"shape", (getter)get_shape, NULL, "Tuple of dimensions.", NULL},
-    {"strides", (getter)get_strides, NULL, "Tuple of byte steps per dimension.", NULL},
+    {"strides", (getter)get_strides, NULL,
+     "Tuple of byte steps per dimension (negative along a reversed axis).", NULL},
     {"dtype", (getter)get_dtype, NULL, "Element type, a numpy.dtype.", NULL},
     {"ndim", (getter)get_ndim, NULL, "Number of dimensions.", NULL},
     {"size", (getter)get_size, NULL, "Number of elements.", NULL},
@@ -498,7 +515,8 @@ static PyGetSetDef DeviceArray_getset[] = {
      NULL},
     {"T", (getter)get_T, NULL, "View with the axes reversed.", NULL},
     {"__cuda_array_interface__", (getter)cl_array_cuda_array_interface, NULL,
-     "CUDA Array Interface v3 (zero-copy export; see interop.c). Not for bfloat16.", NULL},
+     "CUDA Array Interface v3 (zero-copy export, strides as they are, negative ones\n"
+     "too; see interop.c). Not for bfloat16.", NULL},
     {NULL},
 };
 
@@ -992,13 +1010,8 @@ view_slice(view_builder *v, PyObject *item)
     if (PySlice_Unpack(item, &start, &stop, &step) < 0) {
         return -1; /* step 0: ValueError from Python */
     }
-    if (step < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "DeviceArray indexing: negative slice steps are not supported "
-                        "(views keep non-negative strides); copy with .get() and "
-                        "flip on the host, or reverse explicitly");
-        return -1;
-    }
+    /* Any step, as NumPy: `start` is the view's first element (the last one
+     * in memory order for a negative step, whose stride then is negative). */
     Py_ssize_t count = PySlice_AdjustIndices(v->src->shape[d], &start, &stop, step);
     if (count > 0) {
         v->data += start * v->src->strides[d];
@@ -1046,7 +1059,7 @@ view_item(view_builder *v, PyObject *item, int skipped)
         return view_integer(v, item);
     }
     PyErr_Format(PyExc_TypeError,
-                 "DeviceArray indices must be integers, slices (positive steps), Ellipsis or "
+                 "DeviceArray indices must be integers, slices, Ellipsis or "
                  "None, not %.100s (advanced indexing is not supported)",
                  Py_TYPE(item)->tp_name);
     return -1;
@@ -1112,7 +1125,9 @@ static PyMethodDef DeviceArray_methods[] = {
     {"record_stream", (PyCFunction)cl_array_record_stream, METH_O, record_stream_doc},
     {"__dlpack__", (PyCFunction)(void (*)(void))cl_array_dlpack, METH_FASTCALL | METH_KEYWORDS,
      "__dlpack__(stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
-     "Export as a DLPack capsule (zero-copy); see cudalab.from_dlpack."},
+     "Export as a DLPack capsule (zero-copy); see cudalab.from_dlpack. Strides\n"
+     "go as they are, negative ones too (DLPack allows them; PyTorch does not\n"
+     "take them: export a reversed view's copy() there)."},
     {"__dlpack_device__", (PyCFunction)cl_array_dlpack_device, METH_NOARGS,
      "__dlpack_device__()\n--\n\n(2, device): kDLCUDA and the device index."},
     {"copy", (PyCFunction)DeviceArray_copy, METH_NOARGS, copy_doc},
@@ -1135,10 +1150,11 @@ static PyMemberDef DeviceArray_members[] = {
 PyDoc_STRVAR(DeviceArray_doc,
 "An n-dimensional array in GPU memory (rank <= 8).\n\n"
 "Create one with cudalab.asarray, empty, zeros, ones, full or their *_like\n"
-"forms; it cannot be constructed directly. Strides are in bytes. Slicing\n"
-"(positive steps), .T, transpose() and most reshape() calls return views that\n"
-"keep the owning array alive. Memory comes from the device's stream-ordered\n"
-"pool and goes back to it when the last reference dies.");
+"forms; it cannot be constructed directly. Strides are in bytes, and\n"
+"negative for an axis sliced with a negative step. Slicing (any step, as\n"
+"NumPy: a[::-1] is a view), .T, transpose() and most reshape() calls return\n"
+"views that keep the owning array alive. Memory comes from the device's\n"
+"stream-ordered pool and goes back to it when the last reference dies.");
 
 static PyType_Slot DeviceArray_slots[] = {
     {Py_tp_doc, (void *)DeviceArray_doc},
