@@ -36,16 +36,17 @@ cl_c_strides(int ndim, const Py_ssize_t *shape, size_t itemsize, Py_ssize_t *str
 }
 
 /* Contiguous with the last axis varying fastest (C order) or the first
- * (Fortran order). Extent-1 axes take any stride; an empty array is both. */
+ * (Fortran order). Extent-1 axes take any stride; an empty array is both,
+ * whatever its strides (NumPy's rule: it holds no byte to lay out). */
 static bool
 is_contiguous_in(const DeviceArray *a, bool c_order)
 {
+    if (cl_array_size(a) == 0) {
+        return true;
+    }
     Py_ssize_t expected = (Py_ssize_t)cl_itemsize(a->dtype);
     for (int k = 0; k < a->ndim; k++) {
         int i = c_order ? a->ndim - 1 - k : k;
-        if (a->shape[i] == 0) {
-            return true;
-        }
         if (a->shape[i] != 1 && a->strides[i] != expected) {
             return false;
         }
@@ -72,13 +73,17 @@ cl_layout_is_dense(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
 {
     /* Sort the axes that matter (extent > 1) by stride; dense means they tile
      * [0, nbytes) exactly: smallest stride == itemsize, each next one the
-     * previous stride times the previous extent. */
+     * previous stride times the previous extent. A negative stride is not
+     * dense here: the block would start below `data`. An empty array is
+     * dense whatever its strides. */
     int axes[CL_MAX_NDIM];
     int n = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == 0) {
             return true;
         }
+    }
+    for (int i = 0; i < ndim; i++) {
         if (shape[i] > 1) {
             if (strides[i] <= 0) {
                 return false;
