@@ -531,18 +531,21 @@ PyDoc_STRVAR(get_doc,
 "get(out=None, non_blocking=False)\n--\n\n"
 "Copy to the host: a new NumPy array, or into `out`.\n\n"
 "A dense array (C, Fortran or any axis order) arrives with the same strides;\n"
-"any other view is compacted on the device first and arrives in C order.\n"
-"bfloat16 arrives as ml_dtypes.bfloat16. The copy is ordered on the current\n"
-"stream.\n\n"
+"any other view (with gaps or negative strides) is compacted on the device\n"
+"first and arrives in C order. bfloat16 arrives as ml_dtypes.bfloat16. The\n"
+"copy is ordered on the current stream.\n\n"
 "Parameters\n----------\n"
 "out : numpy.ndarray, optional\n"
-"    Writable, same shape and dtype, C-contiguous (or with this array's own\n"
-"    dense layout). Returned.\n"
+"    Writable, same shape and dtype, any strides (as np.copyto takes). Into\n"
+"    a dense `out` (C, Fortran or any axis order) the bytes cross as one\n"
+"    block, laid out in out's order on the device first where they differ;\n"
+"    any other `out` (a view with gaps or negative strides) is filled from a\n"
+"    host staging copy. Returned.\n"
 "non_blocking : bool, optional\n"
-"    With a pinned `out` (pinned_empty), enqueue the copy and return at once:\n"
-"    synchronize (cudalab.synchronize() or the stream) before reading `out`.\n"
-"    Otherwise ignored: the copy is synchronous (the GIL is released while\n"
-"    waiting).");
+"    With a pinned, dense `out` (pinned_empty), enqueue the copy and return\n"
+"    at once: synchronize (cudalab.synchronize() or the stream) before\n"
+"    reading `out`. Otherwise ignored: the copy is synchronous (the GIL is\n"
+"    released while waiting).");
 
 /* `out` can take the bytes of `a` (dense) as one block. */
 static bool
@@ -590,11 +593,16 @@ check_host_out(cl_state *st, const char *func, const DeviceArray *a, PyObject *o
     if (!PyArray_ISWRITEABLE(out)) {
         return cl_arg_error(PyExc_ValueError, func, "out", "is read-only");
     }
-    if (!PyArray_IS_C_CONTIGUOUS(out) && !same_dense_layout(a, out)) {
-        return cl_arg_error(PyExc_ValueError, func, "out",
-                            "must be C-contiguous (or have the array's own dense layout)");
-    }
     return 0;
+}
+
+/* `out` is dense with positive strides: it takes one block of bytes laid
+ * out as its own strides say. */
+static bool
+host_out_is_dense(const DeviceArray *a, PyArrayObject *out)
+{
+    return cl_layout_is_dense(a->ndim, PyArray_DIMS(out), PyArray_STRIDES(out),
+                              cl_itemsize(a->dtype));
 }
 
 /* The NumPy array the bytes of `src` (dense) land in: `out_obj`, or a new
@@ -609,6 +617,32 @@ host_destination(cl_state *st, const DeviceArray *src, PyObject *out_obj)
     Py_INCREF(descr); /* stolen below */
     return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
                                                  src->strides, NULL, NPY_ARRAY_WRITEABLE, NULL);
+}
+
+/* The bytes that cross to the host: `a` itself when they already have the
+ * destination's layout (out NULL: any dense layout), else a device copy of
+ * `a` laid out as the dense `out` (C order without out). New reference. */
+static DeviceArray *
+device_source(cl_state *st, const char *func, DeviceArray *a, PyArrayObject *out)
+{
+    if (out == NULL ? cl_is_dense(a)
+                    : same_dense_layout(a, out) ||
+                          (cl_is_c_contiguous(a) && PyArray_IS_C_CONTIGUOUS(out))) {
+        return (DeviceArray *)Py_NewRef(a);
+    }
+    if (out == NULL || PyArray_IS_C_CONTIGUOUS(out)) {
+        return cl_array_contiguous_copy(st, func, a, a->dtype);
+    }
+    int previous;
+    if (cl_device_enter(st, a->device, &previous) < 0) {
+        return NULL;
+    }
+    DeviceArray *c = cl_array_new(st, func, a->ndim, a->shape, PyArray_STRIDES(out), a->dtype);
+    cl_device_exit(a->device, previous);
+    if (c != NULL && cl_array_copy_into(st, c, a) < 0) {
+        Py_CLEAR(c);
+    }
+    return c;
 }
 
 /* Copy dense `src` into `out` on the op's stream; wait for it unless `async`. */
@@ -645,24 +679,29 @@ cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out_o
         cl_op_same_device(&op, a, "a") < 0 || cl_op_begin(&op) < 0) {
         return NULL;
     }
+    /* An out= that cannot take one block (gaps, negative strides) is filled
+     * on the host from a staging array: np.copyto's job, after the wait. */
+    PyObject *staged_for = NULL;
+    if (out_obj != NULL && !host_out_is_dense(a, (PyArrayObject *)out_obj)) {
+        staged_for = out_obj;
+        out_obj = NULL;
+    }
     bool async = non_blocking && out_obj != NULL &&
                  cl_host_is_pinned(PyArray_DATA((PyArrayObject *)out_obj));
     if (!async && cl_refuse_while_capturing(st, func, "a copy to pageable host memory") < 0) {
         return cl_op_end(&op, NULL, NULL);
     }
     cl_op_use(&op, a);
-    /* The bytes that cross: `a` itself when the destination can take its
-     * layout as one block, else a C-contiguous device copy. */
-    bool direct = out_obj == NULL ? cl_is_dense(a)
-                                  : same_dense_layout(a, (PyArrayObject *)out_obj) ||
-                                        cl_is_c_contiguous(a);
-    DeviceArray *src = direct ? (DeviceArray *)Py_NewRef(a)
-                              : cl_array_contiguous_copy(st, func, a, a->dtype);
+    DeviceArray *src = device_source(st, func, a, (PyArrayObject *)out_obj);
     if (src != NULL) {
         out = host_destination(st, src, out_obj);
         if (out != NULL && copy_to_host(&op, out, src, async) < 0) {
             Py_CLEAR(out);
         }
+    }
+    if (out != NULL && staged_for != NULL) {
+        int rc = PyArray_CopyInto((PyArrayObject *)staged_for, out);
+        Py_SETREF(out, rc < 0 ? NULL : (PyArrayObject *)Py_NewRef(staged_for));
     }
     /* Bytes: what crosses to the host (a compaction on the device first, for
      * views with gaps, is not counted). */
