@@ -238,8 +238,8 @@ class View:
     same values gives two views that must compare equal. A DeviceArray made by
     ``cudalab.asarray`` of a non-contiguous host array is C-contiguous, so
     strided device inputs have to be views of a device root like these.
-    DeviceArray views keep non-negative strides (a negative slice step raises
-    ValueError), so recipes with `negative` steps make host views only.
+    Recipes with `negative` steps give negative strides on both sides (a
+    DeviceArray slices with any step, as NumPy does).
 
     Attributes
     ----------
@@ -301,7 +301,7 @@ def layouts(shape, *, negative: bool = False) -> list[View]:
     shape : tuple of int
         Logical shape of every view; extents of 0 and 1 are allowed.
     negative : bool
-        Include the layouts with negative strides (host views only: see View).
+        Include the layouts with negative strides.
 
     Returns
     -------
@@ -362,8 +362,8 @@ def strided_views(rng: np.random.Generator, shape, dtype, *, names=None, negativ
         Only these layouts (see ``LAYOUT_NAMES``; a named negative one is
         made too). Default: all of them, as `negative` says.
     negative : bool
-        Include the negative-stride layouts. Off by default: DeviceArray
-        views cannot have negative strides (see View).
+        Include the negative-stride layouts. Off by default (the layouts
+        existing tests were written for); tests of reversed views opt in.
     to_device : callable, optional
         Host array -> device array; default ``cudalab.asarray``.
     **random_kw
@@ -410,7 +410,7 @@ def view_recipes(*, max_ndim: int = 4, max_extent: int = 9, max_step: int = 3,
 
     A hypothesis strategy drawing a random `View`: a root of rank 1..max_ndim
     and extents 1..max_extent, a slice per axis (any start, step 1..max_step,
-    with ``negative=True`` backwards steps too: host views only) and an axis
+    with ``negative=True`` backwards steps too) and an axis
     permutation. The view is never empty.
     """
     from hypothesis import strategies as st

@@ -40,8 +40,8 @@ def exact(got, ref, dtype) -> None:
 
 def views(rng, shape, dtype):
     """(host, device) pairs of the same values: stepped (from an offset),
-    stepped twice, contiguous and, for 2-D, a transposed view. (DeviceArray
-    views cannot have negative strides: indexing refuses negative steps.)"""
+    stepped twice, contiguous and, for 2-D, a transposed view. (Reversed
+    views: test_negative_steps_gpu.py.)"""
     base = rand(rng, tuple(2 * n + 1 for n in shape), dtype)
     d = cl.asarray(base)
     step = tuple(slice(1, None, 2) for _ in shape)

@@ -1,10 +1,15 @@
 /* DeviceArray: an n-dimensional strided view of device memory (rank <= 8).
  *
- * Layout: `data` points at element [0, ..., 0]; strides are in bytes and
- * non-negative (views come from slicing with positive steps, transposes and
- * reshapes, none of which need negative strides). An owner array (base ==
- * NULL) returns its pool allocation on its stream when it dies; a view holds
- * a reference to the root owner, so views of views never form chains. */
+ * Layout: `data` points at element [0, ..., 0]; strides are in bytes and of
+ * either sign, as in NumPy: a negative slice step (a[::-1]) gives a view whose
+ * `data` is the last element in memory of that axis and whose stride is
+ * negative, so `data` is not the lowest address a view touches
+ * (cl_array_extent gives the byte range). Code that moves bytes as one block
+ * (memcpy, cuBLAS, NCCL) only takes C-contiguous or dense arrays, whose
+ * strides are positive; everything else goes through the strided kernels,
+ * which take signed element strides. An owner array (base == NULL) returns
+ * its pool allocation on its stream when it dies; a view holds a reference to
+ * the root owner, so views of views never form chains. */
 #include "cudalab.h"
 #include <structmember.h> /* T_PYSSIZET, READONLY on Python < 3.12 */
 
@@ -31,16 +36,17 @@ cl_c_strides(int ndim, const Py_ssize_t *shape, size_t itemsize, Py_ssize_t *str
 }
 
 /* Contiguous with the last axis varying fastest (C order) or the first
- * (Fortran order). Extent-1 axes take any stride; an empty array is both. */
+ * (Fortran order). Extent-1 axes take any stride; an empty array is both,
+ * whatever its strides (NumPy's rule: it holds no byte to lay out). */
 static bool
 is_contiguous_in(const DeviceArray *a, bool c_order)
 {
+    if (cl_array_size(a) == 0) {
+        return true;
+    }
     Py_ssize_t expected = (Py_ssize_t)cl_itemsize(a->dtype);
     for (int k = 0; k < a->ndim; k++) {
         int i = c_order ? a->ndim - 1 - k : k;
-        if (a->shape[i] == 0) {
-            return true;
-        }
         if (a->shape[i] != 1 && a->strides[i] != expected) {
             return false;
         }
@@ -67,13 +73,17 @@ cl_layout_is_dense(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
 {
     /* Sort the axes that matter (extent > 1) by stride; dense means they tile
      * [0, nbytes) exactly: smallest stride == itemsize, each next one the
-     * previous stride times the previous extent. */
+     * previous stride times the previous extent. A negative stride is not
+     * dense here: the block would start below `data`. An empty array is
+     * dense whatever its strides. */
     int axes[CL_MAX_NDIM];
     int n = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == 0) {
             return true;
         }
+    }
+    for (int i = 0; i < ndim; i++) {
         if (shape[i] > 1) {
             if (strides[i] <= 0) {
                 return false;
@@ -100,6 +110,17 @@ bool
 cl_is_dense(const DeviceArray *a)
 {
     return cl_layout_is_dense(a->ndim, a->shape, a->strides, cl_itemsize(a->dtype));
+}
+
+bool
+cl_has_negative_stride(const DeviceArray *a)
+{
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] > 1 && a->strides[i] < 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 /* ---- construction ---------------------------------------------------------- */
@@ -482,7 +503,8 @@ get_T(DeviceArray *self, void *closure)
 
 static PyGetSetDef DeviceArray_getset[] = {
     {"shape", (getter)get_shape, NULL, "Tuple of dimensions.", NULL},
-    {"strides", (getter)get_strides, NULL, "Tuple of byte steps per dimension.", NULL},
+    {"strides", (getter)get_strides, NULL,
+     "Tuple of byte steps per dimension (negative along a reversed axis).", NULL},
     {"dtype", (getter)get_dtype, NULL, "Element type, a numpy.dtype.", NULL},
     {"ndim", (getter)get_ndim, NULL, "Number of dimensions.", NULL},
     {"size", (getter)get_size, NULL, "Number of elements.", NULL},
@@ -498,7 +520,8 @@ static PyGetSetDef DeviceArray_getset[] = {
      NULL},
     {"T", (getter)get_T, NULL, "View with the axes reversed.", NULL},
     {"__cuda_array_interface__", (getter)cl_array_cuda_array_interface, NULL,
-     "CUDA Array Interface v3 (zero-copy export; see interop.c). Not for bfloat16.", NULL},
+     "CUDA Array Interface v3 (zero-copy export, strides as they are, negative ones\n"
+     "too; see interop.c). Not for bfloat16.", NULL},
     {NULL},
 };
 
@@ -508,18 +531,21 @@ PyDoc_STRVAR(get_doc,
 "get(out=None, non_blocking=False)\n--\n\n"
 "Copy to the host: a new NumPy array, or into `out`.\n\n"
 "A dense array (C, Fortran or any axis order) arrives with the same strides;\n"
-"any other view is compacted on the device first and arrives in C order.\n"
-"bfloat16 arrives as ml_dtypes.bfloat16. The copy is ordered on the current\n"
-"stream.\n\n"
+"any other view (with gaps or negative strides) is compacted on the device\n"
+"first and arrives in C order. bfloat16 arrives as ml_dtypes.bfloat16. The\n"
+"copy is ordered on the current stream.\n\n"
 "Parameters\n----------\n"
 "out : numpy.ndarray, optional\n"
-"    Writable, same shape and dtype, C-contiguous (or with this array's own\n"
-"    dense layout). Returned.\n"
+"    Writable, same shape and dtype, any strides (as np.copyto takes). Into\n"
+"    a dense `out` (C, Fortran or any axis order) the bytes cross as one\n"
+"    block, laid out in out's order on the device first where they differ;\n"
+"    any other `out` (a view with gaps or negative strides) is filled from a\n"
+"    host staging copy. Returned.\n"
 "non_blocking : bool, optional\n"
-"    With a pinned `out` (pinned_empty), enqueue the copy and return at once:\n"
-"    synchronize (cudalab.synchronize() or the stream) before reading `out`.\n"
-"    Otherwise ignored: the copy is synchronous (the GIL is released while\n"
-"    waiting).");
+"    With a pinned, dense `out` (pinned_empty), enqueue the copy and return\n"
+"    at once: synchronize (cudalab.synchronize() or the stream) before\n"
+"    reading `out`. Otherwise ignored: the copy is synchronous (the GIL is\n"
+"    released while waiting).");
 
 /* `out` can take the bytes of `a` (dense) as one block. */
 static bool
@@ -567,11 +593,16 @@ check_host_out(cl_state *st, const char *func, const DeviceArray *a, PyObject *o
     if (!PyArray_ISWRITEABLE(out)) {
         return cl_arg_error(PyExc_ValueError, func, "out", "is read-only");
     }
-    if (!PyArray_IS_C_CONTIGUOUS(out) && !same_dense_layout(a, out)) {
-        return cl_arg_error(PyExc_ValueError, func, "out",
-                            "must be C-contiguous (or have the array's own dense layout)");
-    }
     return 0;
+}
+
+/* `out` is dense with positive strides: it takes one block of bytes laid
+ * out as its own strides say. */
+static bool
+host_out_is_dense(const DeviceArray *a, PyArrayObject *out)
+{
+    return cl_layout_is_dense(a->ndim, PyArray_DIMS(out), PyArray_STRIDES(out),
+                              cl_itemsize(a->dtype));
 }
 
 /* The NumPy array the bytes of `src` (dense) land in: `out_obj`, or a new
@@ -586,6 +617,32 @@ host_destination(cl_state *st, const DeviceArray *src, PyObject *out_obj)
     Py_INCREF(descr); /* stolen below */
     return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, src->ndim, src->shape,
                                                  src->strides, NULL, NPY_ARRAY_WRITEABLE, NULL);
+}
+
+/* The bytes that cross to the host: `a` itself when they already have the
+ * destination's layout (out NULL: any dense layout), else a device copy of
+ * `a` laid out as the dense `out` (C order without out). New reference. */
+static DeviceArray *
+device_source(cl_state *st, const char *func, DeviceArray *a, PyArrayObject *out)
+{
+    if (out == NULL ? cl_is_dense(a)
+                    : same_dense_layout(a, out) ||
+                          (cl_is_c_contiguous(a) && PyArray_IS_C_CONTIGUOUS(out))) {
+        return (DeviceArray *)Py_NewRef(a);
+    }
+    if (out == NULL || PyArray_IS_C_CONTIGUOUS(out)) {
+        return cl_array_contiguous_copy(st, func, a, a->dtype);
+    }
+    int previous;
+    if (cl_device_enter(st, a->device, &previous) < 0) {
+        return NULL;
+    }
+    DeviceArray *c = cl_array_new(st, func, a->ndim, a->shape, PyArray_STRIDES(out), a->dtype);
+    cl_device_exit(a->device, previous);
+    if (c != NULL && cl_array_copy_into(st, c, a) < 0) {
+        Py_CLEAR(c);
+    }
+    return c;
 }
 
 /* Copy dense `src` into `out` on the op's stream; wait for it unless `async`. */
@@ -622,24 +679,29 @@ cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out_o
         cl_op_same_device(&op, a, "a") < 0 || cl_op_begin(&op) < 0) {
         return NULL;
     }
+    /* An out= that cannot take one block (gaps, negative strides) is filled
+     * on the host from a staging array: np.copyto's job, after the wait. */
+    PyObject *staged_for = NULL;
+    if (out_obj != NULL && !host_out_is_dense(a, (PyArrayObject *)out_obj)) {
+        staged_for = out_obj;
+        out_obj = NULL;
+    }
     bool async = non_blocking && out_obj != NULL &&
                  cl_host_is_pinned(PyArray_DATA((PyArrayObject *)out_obj));
     if (!async && cl_refuse_while_capturing(st, func, "a copy to pageable host memory") < 0) {
         return cl_op_end(&op, NULL, NULL);
     }
     cl_op_use(&op, a);
-    /* The bytes that cross: `a` itself when the destination can take its
-     * layout as one block, else a C-contiguous device copy. */
-    bool direct = out_obj == NULL ? cl_is_dense(a)
-                                  : same_dense_layout(a, (PyArrayObject *)out_obj) ||
-                                        cl_is_c_contiguous(a);
-    DeviceArray *src = direct ? (DeviceArray *)Py_NewRef(a)
-                              : cl_array_contiguous_copy(st, func, a, a->dtype);
+    DeviceArray *src = device_source(st, func, a, (PyArrayObject *)out_obj);
     if (src != NULL) {
         out = host_destination(st, src, out_obj);
         if (out != NULL && copy_to_host(&op, out, src, async) < 0) {
             Py_CLEAR(out);
         }
+    }
+    if (out != NULL && staged_for != NULL) {
+        int rc = PyArray_CopyInto((PyArrayObject *)staged_for, out);
+        Py_SETREF(out, rc < 0 ? NULL : (PyArrayObject *)Py_NewRef(staged_for));
     }
     /* Bytes: what crosses to the host (a compaction on the device first, for
      * views with gaps, is not counted). */
@@ -992,13 +1054,8 @@ view_slice(view_builder *v, PyObject *item)
     if (PySlice_Unpack(item, &start, &stop, &step) < 0) {
         return -1; /* step 0: ValueError from Python */
     }
-    if (step < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "DeviceArray indexing: negative slice steps are not supported "
-                        "(views keep non-negative strides); copy with .get() and "
-                        "flip on the host, or reverse explicitly");
-        return -1;
-    }
+    /* Any step, as NumPy: `start` is the view's first element (the last one
+     * in memory order for a negative step, whose stride then is negative). */
     Py_ssize_t count = PySlice_AdjustIndices(v->src->shape[d], &start, &stop, step);
     if (count > 0) {
         v->data += start * v->src->strides[d];
@@ -1046,7 +1103,7 @@ view_item(view_builder *v, PyObject *item, int skipped)
         return view_integer(v, item);
     }
     PyErr_Format(PyExc_TypeError,
-                 "DeviceArray indices must be integers, slices (positive steps), Ellipsis or "
+                 "DeviceArray indices must be integers, slices, Ellipsis or "
                  "None, not %.100s (advanced indexing is not supported)",
                  Py_TYPE(item)->tp_name);
     return -1;
@@ -1112,7 +1169,9 @@ static PyMethodDef DeviceArray_methods[] = {
     {"record_stream", (PyCFunction)cl_array_record_stream, METH_O, record_stream_doc},
     {"__dlpack__", (PyCFunction)(void (*)(void))cl_array_dlpack, METH_FASTCALL | METH_KEYWORDS,
      "__dlpack__(stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
-     "Export as a DLPack capsule (zero-copy); see cudalab.from_dlpack."},
+     "Export as a DLPack capsule (zero-copy); see cudalab.from_dlpack. Strides\n"
+     "go as they are, negative ones too (DLPack allows them; PyTorch does not\n"
+     "take them: export a reversed view's copy() there)."},
     {"__dlpack_device__", (PyCFunction)cl_array_dlpack_device, METH_NOARGS,
      "__dlpack_device__()\n--\n\n(2, device): kDLCUDA and the device index."},
     {"copy", (PyCFunction)DeviceArray_copy, METH_NOARGS, copy_doc},
@@ -1135,10 +1194,11 @@ static PyMemberDef DeviceArray_members[] = {
 PyDoc_STRVAR(DeviceArray_doc,
 "An n-dimensional array in GPU memory (rank <= 8).\n\n"
 "Create one with cudalab.asarray, empty, zeros, ones, full or their *_like\n"
-"forms; it cannot be constructed directly. Strides are in bytes. Slicing\n"
-"(positive steps), .T, transpose() and most reshape() calls return views that\n"
-"keep the owning array alive. Memory comes from the device's stream-ordered\n"
-"pool and goes back to it when the last reference dies.");
+"forms; it cannot be constructed directly. Strides are in bytes, and\n"
+"negative for an axis sliced with a negative step. Slicing (any step, as\n"
+"NumPy: a[::-1] is a view), .T, transpose() and most reshape() calls return\n"
+"views that keep the owning array alive. Memory comes from the device's\n"
+"stream-ordered pool and goes back to it when the last reference dies.");
 
 static PyType_Slot DeviceArray_slots[] = {
     {Py_tp_doc, (void *)DeviceArray_doc},

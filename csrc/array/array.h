@@ -56,6 +56,8 @@ bool cl_is_f_contiguous(const DeviceArray *a);
 /* Dense with positive strides in some axis order: its bytes are exactly
  * [data, data + nbytes), so it can be copied as one block. */
 bool cl_is_dense(const DeviceArray *a);
+/* Some axis of extent > 1 steps backwards (a view sliced with a negative step). */
+bool cl_has_negative_stride(const DeviceArray *a);
 void cl_c_strides(int ndim, const Py_ssize_t *shape, size_t itemsize, Py_ssize_t *strides);
 
 bool cl_layout_is_dense(int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,

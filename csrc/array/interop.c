@@ -25,6 +25,15 @@
  * current stream waits on the producer's (DLPack: the producer does it when
  * we pass our stream; CAI: we do it from the "stream" entry).
  *
+ * Negative strides (views such as a[::-1]) cross both interfaces as they
+ * are, both ways, with the data pointer at element [0, ..., 0]: DLPack's
+ * strides are signed int64 element counts that dlpack.h and the Python
+ * specification do not restrict (NumPy and CuPy export and import them), and
+ * the CUDA Array Interface's strides are "the number of bytes to skip to
+ * access the next element at each dimension", the NumPy array interface's
+ * definition, whose producers (NumPy, Numba) report negative ones. Some
+ * consumers refuse them (PyTorch, TensorFlow): pass such a view's copy().
+ *
  * The DLPack structs follow the published dlpack.h layout (v1.0); they are
  * written out here rather than vendored. */
 #include "cudalab.h"
@@ -340,7 +349,8 @@ cai_dtype(cl_state *st, PyObject *typestr, const char *func, cl_dtype *dtype)
                         "unsupported __cuda_array_interface__ typestr %R", typestr);
 }
 
-/* 'strides' (absent or None: C order) -> v->strides, in bytes. */
+/* 'strides' (absent or None: C order) -> v->strides, in bytes, of either
+ * sign (the producer's data pointer is element [0, ..., 0]). */
 static int
 cai_strides(PyObject *strides_obj, const char *func, cai_view *v)
 {
@@ -358,10 +368,10 @@ cai_strides(PyObject *strides_obj, const char *func, cai_view *v)
                             "'strides' has %d entries for %d dimensions", nstrides, v->ndim);
     }
     for (int i = 0; i < v->ndim; i++) {
-        if (v->strides[i] < 0 || v->strides[i] % itemsize != 0) {
+        if (v->strides[i] % itemsize != 0) {
             return cl_arg_error(PyExc_ValueError, func, "obj",
-                                "strides %R are not supported (they must be non-negative "
-                                "multiples of the item size)", strides_obj);
+                                "strides %R are not supported (they must be multiples of the "
+                                "item size)", strides_obj);
         }
     }
     return 0;
@@ -749,13 +759,9 @@ dl_layout(const DLTensor *t, cl_dtype dtype, const char *func, Py_ssize_t *shape
         cl_c_strides(t->ndim, shape, (size_t)itemsize, strides);
         return 0;
     }
+    /* Element strides of any sign, as the producer's views have them. */
     for (int i = 0; i < t->ndim; i++) {
-        if (t->strides[i] < 0 && shape[i] > 1) {
-            return cl_arg_error(PyExc_ValueError, func, "obj",
-                                "negative DLPack strides are not supported (views keep "
-                                "non-negative strides)");
-        }
-        strides[i] = t->strides[i] < 0 ? 0 : (Py_ssize_t)t->strides[i] * itemsize;
+        strides[i] = (Py_ssize_t)t->strides[i] * itemsize;
     }
     return 0;
 }
@@ -879,7 +885,8 @@ PyDoc_STRVAR(from_dlpack_doc,
 "with our current stream, so its pending work is ordered before ours. The\n"
 "memory stays valid as long as the returned array (or any view of it)\n"
 "lives, even after the producer object is gone. Writes through either side\n"
-"are seen by the other (after the usual stream ordering).\n\n"
+"are seen by the other (after the usual stream ordering). Any strides are\n"
+"kept, negative ones (a reversed view) included.\n\n"
 "Parameters\n----------\nobj : object with __dlpack__, or a DLPack capsule\n"
 "    A capsule can be imported only once.\n\n"
 "Returns\n-------\nDeviceArray\n\n"

@@ -194,7 +194,9 @@ lin_init(lin_call *c, cl_state *st, const char *func, PyObject *precision_obj,
 }
 
 /* Row-major with unit stride along the last axis and the rows (leading axes
- * flattened) evenly spaced, at least a row apart: fills m (not m->arr). */
+ * flattened) evenly spaced, at least a row apart and in increasing memory
+ * order (cuBLASLt's leading dimension is positive, so a reversed view such as
+ * x[::-1] is refused): fills m (not m->arr). */
 static bool
 matrix_layout(const DeviceArray *a, lin_mat *m)
 {
@@ -234,8 +236,9 @@ static int
 layout_error(const lin_call *c, const char *param)
 {
     return cl_arg_error(PyExc_ValueError, c->op.func, param,
-                        "needs unit stride along its last axis and evenly spaced rows (make "
-                        "it contiguous with ascontiguousarray())");
+                        "needs unit stride along its last axis and evenly spaced rows, in "
+                        "increasing memory order (make it contiguous with "
+                        "ascontiguousarray())");
 }
 
 /* The common dtype: float32, float16 or bfloat16, the same for every array. */

@@ -25,8 +25,9 @@
  * without any copy when it is
  *   row-major with a leading dimension: cs == 1, rs >= C  -> CUBLAS_OP_N, ld = rs
  *   column-major (e.g. x.T):            rs == 1, cs >= R  -> CUBLAS_OP_T, ld = cs
- * (axes of extent 1 impose nothing). Any other layout is first made
- * C-contiguous with cl_array_contiguous_copy.
+ * (axes of extent 1 impose nothing). Any other layout, and any negative
+ * stride (cuBLAS wants positive leading dimensions and batch strides), is
+ * first made C-contiguous with cl_array_contiguous_copy.
  *
  * Batches. The output's batch axes of extent > 1 are split into an inner run
  * that every operand addresses with one constant stride (0 for a broadcast
@@ -164,12 +165,17 @@ operand_load(operand *o, bool first)
 }
 
 /* Can the matrix go to cuBLAS as is? Sets o->op (N: row-major, T:
- * column-major in cuBLAS's terms of our transposed problem) and o->ld. */
+ * column-major in cuBLAS's terms of our transposed problem) and o->ld.
+ * Never with a negative stride: cuBLAS takes positive leading dimensions,
+ * and its batch strides are not meant to step backwards either. */
 static bool
 operand_layout(operand *o)
 {
     const DeviceArray *a = o->arr;
     int64_t item = (int64_t)cl_itemsize(a->dtype);
+    if (cl_has_negative_stride(a)) {
+        return false;
+    }
     for (int i = 0; i < a->ndim; i++) {
         if (a->strides[i] % item != 0) {
             return false;
@@ -367,6 +373,26 @@ validate_shapes(mm_problem *p)
     return 0;
 }
 
+/* out= is C-contiguous, possibly read backwards along some axes (a view
+ * such as c[::-1] of a C-contiguous c): every element once, in C order up to
+ * the sign of the strides. Empty arrays always qualify. */
+static bool
+out_layout_ok(const DeviceArray *out)
+{
+    if (cl_array_size(out) == 0) {
+        return true;
+    }
+    Py_ssize_t expected = (Py_ssize_t)cl_itemsize(out->dtype);
+    for (int i = out->ndim - 1; i >= 0; i--) {
+        Py_ssize_t s = out->strides[i] < 0 ? -out->strides[i] : out->strides[i];
+        if (out->shape[i] != 1 && s != expected) {
+            return false;
+        }
+        expected *= out->shape[i];
+    }
+    return true;
+}
+
 static int
 matmul_validate(mm_problem *p, cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj,
                 PyObject *out_obj, PyObject *precision_obj, PyObject *pad_obj)
@@ -395,7 +421,7 @@ matmul_validate(mm_problem *p, cl_state *st, const char *func, PyObject *a_obj, 
         cl_op_out_dtype(&p->op, p->out, p->dtype) < 0) {
         return -1;
     }
-    if (p->out != NULL && !cl_is_c_contiguous(p->out)) {
+    if (p->out != NULL && !out_layout_ok(p->out)) {
         return cl_arg_error(PyExc_ValueError, func, "out", "must be C-contiguous");
     }
     p->flops = 2 * p->M * p->N * p->K;
@@ -767,7 +793,8 @@ fail:
 }
 
 /* The returned array and the one the GEMM writes: out= itself, or a
- * temporary when out= overlaps an operand (copied into it afterwards). */
+ * temporary when out= overlaps an operand or has negative strides, which
+ * cuBLAS cannot write (copied into out= afterwards). */
 static int
 matmul_targets(mm_problem *p, DeviceArray **result, DeviceArray **target)
 {
@@ -777,7 +804,8 @@ matmul_targets(mm_problem *p, DeviceArray **result, DeviceArray **target)
     }
     else {
         *result = (DeviceArray *)Py_NewRef(p->out);
-        if (cl_arrays_overlap(p->out, p->a) || cl_arrays_overlap(p->out, p->b)) {
+        if (cl_has_negative_stride(p->out) || cl_arrays_overlap(p->out, p->a) ||
+            cl_arrays_overlap(p->out, p->b)) {
             *target = cl_op_new(&p->op, p->rnd, p->rshape, NULL, p->dtype);
         }
         else {
@@ -846,7 +874,8 @@ PyDoc_STRVAR(matmul_doc,
 "added axis is dropped from the result (1-D @ 1-D gives a 0-d array).\n"
 "Transposed and column-major views (``x.T``) and row-major views with a\n"
 "leading dimension (``x[:, :n]``) reach cuBLAS as operation flags and leading\n"
-"dimensions, without a copy; other layouts are copied C-contiguous first.\n"
+"dimensions, without a copy; other layouts (negative strides among them:\n"
+"cuBLAS takes only positive leading dimensions) are copied C-contiguous first.\n"
 "The work is enqueued on the current stream of the operands' device.\n\n"
 "Parameters\n----------\n"
 "a, b : DeviceArray\n"
@@ -854,7 +883,9 @@ PyDoc_STRVAR(matmul_doc,
 "    the same device. float16/bfloat16 accumulate in float32.\n"
 "out : DeviceArray, optional\n"
 "    C-contiguous array of exactly the result's shape and dtype to write\n"
-"    into (it may overlap the operands).\n"
+"    into (it may overlap the operands). A C-contiguous array viewed with\n"
+"    some axes reversed (``c[::-1]``) is accepted too, written through a\n"
+"    temporary; an empty array of the right shape always is.\n"
 "precision : {'highest', 'high'}, optional\n"
 "    For float32 only: 'highest' computes in true fp32, 'high' lets the\n"
 "    tensor cores use TF32. Defaults to get_float32_matmul_precision().\n"
