@@ -4,6 +4,9 @@
 # summary (device, driver/runtime versions, passed/failed counts) to
 # benchmarks/results/gpu_check_<device>.json. Also saves `cudalab check` and
 # `cudalab ceilings` output there (cli_check_<device>.txt, ceilings_<device>.*).
+# Then runs the op, nn and models tests under compute-sanitizer's memcheck
+# (scripts/sanitize.sh; about 4 minutes on an H200; GPU_CHECK_SANITIZE=0
+# skips it); the script fails if memcheck reports an error.
 #
 # Usage: scripts/gpu_check.sh [extra pytest args]
 # Needs, in the environment of $PYTHON (checked first, exit 2 when missing):
@@ -144,4 +147,12 @@ test_s=$(( $(date +%s) - start ))
 "$PYTHON" scripts/gpu_summary.py --junit "$LOGS/junit.xml" --build-seconds "$build_s" \
   --test-seconds "$test_s" --command "scripts/gpu_check.sh${*:+ $*}" --outdir benchmarks/results \
   --copy-to "$LOGS"
-exit $test_rc
+
+sanitize_rc=0
+if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
+  echo "== memcheck over the op, nn and models tests"
+  OUT="$LOGS/sanitize" PYTHON="$PYTHON" scripts/sanitize.sh -t memcheck -p ops,nn,models
+  sanitize_rc=$?
+fi
+[ "$test_rc" -ne 0 ] && exit "$test_rc"
+exit "$sanitize_rc"

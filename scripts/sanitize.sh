@@ -18,6 +18,7 @@
 # runs recorded there, so a later session adds the parts an earlier one could
 # not run. Expects cudalab installed in $PYTHON's environment (gpu_check.sh
 # builds it) and compute-sanitizer on PATH or under /usr/local/cuda/bin.
+# Exit status 1 when any pass reports an error or a failing test.
 # Per-process sanitizer logs go to $OUT (or build/sanitize/). SANITIZE_TIMEOUT
 # (seconds) bounds each pass; a pass it stops is recorded with rc 124.
 set -uo pipefail
@@ -39,7 +40,7 @@ export CUDALAB_GRAPH_KEEP_TEMPORARIES=1
 declare -A PART_FILES=(
   [core]="tests/test_array_gpu.py tests/test_copyto_gpu.py tests/test_pinned_gpu.py tests/test_random_gpu.py tests/test_interop_gpu.py tests/test_interop_numba_jax_gpu.py tests/test_support_gpu.py tests/test_gil_gpu.py"
   [memory]="tests/test_memory_gpu.py tests/test_streams_gpu.py"
-  [ops]="tests/test_elementwise_gpu.py tests/test_elementwise_ops_gpu.py tests/test_reduce_gpu.py tests/test_softmax_gpu.py tests/test_transpose_gpu.py tests/test_matmul_gpu.py"
+  [ops]="tests/test_elementwise_gpu.py tests/test_elementwise_ops_gpu.py tests/test_reduce_gpu.py tests/test_softmax_gpu.py tests/test_transpose_gpu.py tests/test_matmul_gpu.py tests/test_negative_steps_gpu.py"
   [nn]="tests/test_nn_gpu.py tests/test_nn_linear_gpu.py tests/test_nn_loss_gpu.py tests/test_nn_optim_gpu.py tests/test_nn_fusion_gpu.py tests/test_nn_gradcheck_gpu.py tests/test_nn_loader_gpu.py"
   [models]="tests/test_models_gpu.py"
   [tools]="tests/test_bench_gpu.py tests/test_profiler_gpu.py tests/test_monitor_gpu.py tests/test_pytest_plugin_gpu.py tests/test_plugin_example_gpu.py tests/test_pipeline_gpu.py"
@@ -49,11 +50,25 @@ declare -A PART_FILES=(
 PART_ORDER="core memory ops nn models tools lessons distributed"
 
 # ---- reports that are deliberate ----------------------------------------------
-# Tests that make a CUDA API call fail on purpose (to test an error path).
-# memcheck reports every failing API call, so these node ids are left out of
-# their part's main pass and run in a second pass with --report-api-errors no:
-# their memory accesses are still checked. Each says why it is here.
+# Tests that make a CUDA API call fail on purpose, or whose third-party
+# library does. memcheck reports every failing API call, so these node ids
+# (file, or file::test) are left out of their part's main pass and run in a
+# second pass with --report-api-errors no: their memory accesses are still
+# checked.
 DELIBERATE_API_ERRORS=(
+  # Allocates twice the card 100 times to test OutOfMemoryError and recovery.
+  "tests/test_memory_gpu.py::test_100_consecutive_ooms_leave_the_process_working"
+  # numba.cuda's driver setup asks cuGetProcAddress for entry points this
+  # driver does not have (CUDA_ERROR_INVALID_VALUE, handled by numba).
+  "tests/test_interop_numba_jax_gpu.py"
+)
+# Tests left out of memcheck: they make graph allocations share an address on
+# purpose (CUDAGraph(keep_temporaries=False)), which memcheck misjudges (see
+# scripts/sanitizer_graph_alias.cu). The same tests with keep_temporaries=True
+# are checked.
+MEMCHECK_MISJUDGED=(
+  "tests/test_nn_loss_gpu.py::test_graph_capture_and_replay[temporaries_freed]"
+  "tests/test_streams_gpu.py::test_graph_temporaries_and_later_allocations[False]"
 )
 
 usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -101,7 +116,7 @@ run_pass() {
   local start=$(date +%s)
   # shellcheck disable=SC2086
   timeout --kill-after=10 "${SANITIZE_TIMEOUT:-0}" \
-  "$SANITIZER" --tool "$tool" --target-processes all --print-limit 20 $san_opts \
+  "$SANITIZER" --tool "$tool" --target-processes all --print-limit 100 $san_opts \
     --log-file "$LOGS/$tag.%p.log" \
     "$PYTHON" -m pytest -p no:cacheprovider -q --junitxml="$LOGS/$tag.junit.xml" "$@" \
     >"$LOGS/$tag.pytest.log" 2>&1
@@ -110,8 +125,10 @@ run_pass() {
   tail -n 2 "$LOGS/$tag.pytest.log"
   "$PYTHON" scripts/sanitize_summary.py record --tool "$tool" --part "$part" --pass "$pass" \
     --logs "$LOGS" --tag "$tag" --rc "$rc" --seconds "$seconds" \
-    --command "scripts/sanitize.sh -t $tool -p $part" --options "$san_opts"
+    --command "scripts/sanitize.sh -t $tool -p $part" --options "$san_opts" || status=1
 }
+
+status=0  # 1 once a pass reports an error or a failing test
 
 case " $TOOLS " in
   *" memcheck "*)
@@ -131,6 +148,11 @@ for tool in $TOOLS; do
     mapfile -t special < <(deliberate_ids "$part")
     deselect=()
     for id in "${special[@]}"; do deselect+=(--deselect "$id"); done
+    if [ "$tool" = memcheck ]; then
+      for id in "${MEMCHECK_MISJUDGED[@]}"; do
+        case " ${PART_FILES[$part]} " in *" ${id%%::*} "*) deselect+=(--deselect "$id") ;; esac
+      done
+    fi
     run_pass "$tool" "$part" main "$opts" "${files[@]}" "${deselect[@]}" "$@"
     if [ ${#special[@]} -gt 0 ]; then
       run_pass "$tool" "$part" deliberate "$opts --report-api-errors no" "${special[@]}" "$@"
@@ -138,3 +160,4 @@ for tool in $TOOLS; do
   done
 done
 "$PYTHON" scripts/sanitize_summary.py table
+exit $status

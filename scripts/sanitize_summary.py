@@ -32,7 +32,9 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
 # "========= ERROR SUMMARY: 3 errors" ends each process's log; racecheck also
 # prints "RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)".
-ERROR_SUMMARY = re.compile(r"^=+ ERROR SUMMARY: (\d+) errors?", re.M)
+# (A second line, "N errors were not printed", follows when the print limit
+# was reached: the pattern must not count it.)
+ERROR_SUMMARY = re.compile(r"^=+ ERROR SUMMARY: (\d+) errors?\s*$", re.M)
 # The first line of a report: what went wrong ...
 REPORT = re.compile(
     r"^=+ (Invalid .*|Program hit .*|Malformed .*|Uninitialized .*|Error: .*|"
@@ -116,7 +118,7 @@ def load() -> dict:
             "runs": {}}
 
 
-def record(args: argparse.Namespace) -> None:
+def record(args: argparse.Namespace) -> int:
     data = load()
     entry = {
         "tool": args.tool, "part": args.part, "pass": args.pass_,
@@ -136,6 +138,7 @@ def record(args: argparse.Namespace) -> None:
           f"passed {t.get('failures', 0) + t.get('errors', 0)} failed")
     for r in entry["reports"]:
         print(f"  {r['count']:5d} x {r['report']}")
+    return 1 if entry["errors"] or args.rc != 0 else 0
 
 
 def probe(args: argparse.Namespace) -> None:
@@ -217,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     tab = sub.add_parser("table")
     tab.set_defaults(func=table)
     args = parser.parse_args(argv)
-    args.func(args)
-    return 0
+    return args.func(args) or 0
 
 
 if __name__ == "__main__":
