@@ -768,9 +768,17 @@ DeviceArray_copy(DeviceArray *self, PyObject *unused)
 
 PyDoc_STRVAR(astype_doc,
 "astype(dtype, copy=True)\n--\n\n"
-"The values converted to `dtype` as NumPy's astype does (float to int\n"
-"truncates toward zero, anything to bool is `!= 0`), in a new C-contiguous\n"
-"array. With copy=False and the same dtype, returns self.");
+"The values converted to `dtype` as NumPy's astype does, in a new\n"
+"C-contiguous array. With copy=False and the same dtype, returns self.\n\n"
+"Notes\n-----\n"
+"Float to integer truncates toward zero and saturates where NumPy's result\n"
+"is undefined (platform-dependent): values beyond the target's range clamp\n"
+"to its min or max, NaN becomes 0, +inf max and -inf min (float32 -> uint8:\n"
+"300.7 -> 255, -1.5 -> 0, 255.9 -> 255). In-range values match NumPy.\n"
+"Anything to bool is `!= 0` (NaN is True); integer to integer wraps, as in\n"
+"NumPy. The same rule applies wherever cudalab converts float to integer:\n"
+"reductions with an integer dtype= or out=, and full() with a float\n"
+"fill_value.");
 
 static PyObject *
 DeviceArray_astype(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs,

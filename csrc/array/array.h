@@ -100,6 +100,10 @@ const char *cl_dtype_name(cl_dtype dtype);
 /* np.can_cast(from, to, "same_kind"). */
 bool cl_can_cast_same_kind(cl_dtype from, cl_dtype to);
 PyObject *cl_supported_dtypes_text(void);
+/* `x` as one element of integer dtype `dtype` (int8 .. int64, not bool),
+ * written to `out`, by the device's saturating rule (cuda/dtype_convert.cuh):
+ * truncate toward zero, clamp to the dtype's range, NaN -> 0. */
+void cl_float_to_int_bytes(double x, cl_dtype dtype, void *out);
 
 /* ---- creation (creation.c) ----------------------------------------------- */
 

@@ -54,11 +54,45 @@ expect_array(cl_state *st, PyObject *obj, const char *func)
     return (DeviceArray *)obj;
 }
 
+/* Whether `value` (a Python, NumPy or ml_dtypes scalar, or a 0-d array) is a
+ * floating-point number. */
+static bool
+is_float_value(cl_state *st, PyObject *value)
+{
+    if (PyFloat_Check(value)) {
+        return true;
+    }
+    if (PyBool_Check(value) || PyLong_Check(value)) {
+        return false;
+    }
+    PyArray_Descr *descr = PyArray_Check(value) ? PyArray_DESCR((PyArrayObject *)value)
+                                                : PyArray_DescrFromScalar(value);
+    if (descr == NULL) {
+        PyErr_Clear();
+        return false;
+    }
+    int code = cl_dtype_from_descr(st, descr);
+    if (!PyArray_Check(value)) {
+        Py_DECREF(descr);
+    }
+    return code >= 0 && cl_dtype_is_float((cl_dtype)code);
+}
+
 /* fill_value converted to one element of `dtype`, as host bytes. NumPy does
- * the conversion so the result is exactly what np.full would store. */
+ * the conversion so the result is exactly what np.full would store, except
+ * for a float into an integer dtype: that saturates as astype does on the
+ * device (NumPy leaves out-of-range values undefined). */
 static int
 scalar_bytes(cl_state *st, PyObject *value, cl_dtype dtype, const char *func, char *out)
 {
+    if (cl_dtype_is_int(dtype) && is_float_value(st, value)) {
+        double x = PyFloat_AsDouble(value);
+        if (x == -1.0 && PyErr_Occurred()) {
+            return -1;
+        }
+        cl_float_to_int_bytes(x, dtype, out);
+        return 0;
+    }
     PyArray_Descr *descr = st->descr[dtype];
     Py_INCREF(descr); /* stolen */
     PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(value, descr, 0, 0,
@@ -239,7 +273,8 @@ CREATOR(full, FILL_VALUE, false,
 "full(shape, fill_value, dtype=None)\n--\n\n"
 "A new C-contiguous array filled with `fill_value`.\n\n"
 "With dtype=None the dtype follows torch.full: bool for a bool, int64 for an\n"
-"int, float32 for a float, and a NumPy scalar's own dtype.")
+"int, float32 for a float, and a NumPy scalar's own dtype. A float into an\n"
+"integer dtype saturates as astype does (300.7 -> uint8 255, NaN -> 0).")
 CREATOR(empty_like, FILL_EMPTY, true,
 "empty_like(a, dtype=None)\n--\n\nAn uninitialized C-contiguous array shaped like `a`.")
 CREATOR(zeros_like, FILL_ZEROS, true,
@@ -464,7 +499,51 @@ ascontiguousarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyO
     return (PyObject *)cl_array_copy_op(st, "ascontiguousarray", a, a->dtype);
 }
 
+PyDoc_STRVAR(_float_to_int_doc,
+"_float_to_int(value, dtype)\n--\n\n"
+"A float `value` converted to integer `dtype` as full() converts its\n"
+"fill_value: truncated toward zero and saturated to the dtype's range, NaN\n"
+"to 0 (the rule of astype on the device). For tests; needs no GPU.");
+
+static PyObject *
+_float_to_int(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"value", "dtype", NULL};
+    cl_state *st = cl_state_from_module(module);
+    PyObject *argv[2];
+    cl_dtype dtype;
+    if (cl_parse_args("_float_to_int", args, nargs, kwnames, names, 2, argv) < 0 ||
+        cl_dtype_converter(st, argv[1], "_float_to_int", "dtype", &dtype) < 0) {
+        return NULL;
+    }
+    if (!cl_dtype_is_int(dtype)) {
+        return cl_arg_error(PyExc_TypeError, "_float_to_int", "dtype",
+                            "expected an integer dtype, got %s", cl_dtype_name(dtype)), NULL;
+    }
+    double x = PyFloat_AsDouble(argv[0]);
+    if (x == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    char bytes[8];
+    cl_float_to_int_bytes(x, dtype, bytes);
+    switch (dtype) {
+    case CL_INT8: return PyLong_FromLong(*(int8_t *)bytes);
+    case CL_UINT8: return PyLong_FromLong(*(uint8_t *)bytes);
+    case CL_INT32: {
+        int32_t v;
+        memcpy(&v, bytes, 4);
+        return PyLong_FromLong(v);
+    }
+    default: {
+        int64_t v;
+        memcpy(&v, bytes, 8);
+        return PyLong_FromLongLong(v);
+    }
+    }
+}
+
 PyMethodDef cl_creation_methods[] = {
+    CL_FASTCALL(_float_to_int),
     CL_FASTCALL(asarray),
     CL_FASTCALL(asnumpy),
     CL_FASTCALL(ascontiguousarray),

@@ -2,6 +2,9 @@
  * it has no fixed type number: we recognise it by its scalar type object. */
 #include "cudalab.h"
 
+#include <math.h>
+#include <string.h>
+
 static const char *const dtype_names[CL_NUM_DTYPES] = {
     "bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
 };
@@ -125,4 +128,41 @@ bool
 cl_can_cast_same_kind(cl_dtype from, cl_dtype to)
 {
     return same_kind_table[from][to] != 0;
+}
+
+void
+cl_float_to_int_bytes(double x, cl_dtype dtype, void *out)
+{
+    /* [min, max] of each integer dtype; max + 1 is a power of two, exact in
+     * double, so the comparisons below are exact (as in cl::saturate_to_int). */
+    int64_t lo, hi;
+    switch (dtype) {
+    case CL_INT8: lo = INT8_MIN, hi = INT8_MAX; break;
+    case CL_UINT8: lo = 0, hi = UINT8_MAX; break;
+    case CL_INT32: lo = INT32_MIN, hi = INT32_MAX; break;
+    default: lo = INT64_MIN, hi = INT64_MAX; break;
+    }
+    const double hi_plus_1 = 2.0 * (double)(hi / 2 + 1);
+    int64_t v;
+    if (isnan(x)) {
+        v = 0;
+    }
+    else if (x >= hi_plus_1) {
+        v = hi;
+    }
+    else if (x <= (double)lo) {
+        v = lo;
+    }
+    else {
+        v = (int64_t)x; /* truncates; in range, so defined */
+    }
+    int8_t i8 = (int8_t)v;
+    uint8_t u8 = (uint8_t)v;
+    int32_t i32 = (int32_t)v;
+    switch (dtype) { /* memcpy: `out` may be any byte buffer */
+    case CL_INT8: memcpy(out, &i8, 1); break;
+    case CL_UINT8: memcpy(out, &u8, 1); break;
+    case CL_INT32: memcpy(out, &i32, 4); break;
+    default: memcpy(out, &v, 8); break;
+    }
 }

@@ -384,7 +384,8 @@ CL_REDUCE_OPS(REDUCE_FUNC_)
 #define REDUCE_DTYPE_DOC_0 ""
 #define REDUCE_DTYPE_DOC_1                                                                      \
     "dtype : dtype-like, optional\n"                                                            \
-    "    Cast the input to this dtype, reduce, and return this dtype.\n"
+    "    Cast the input to this dtype, reduce, and return this dtype (float to\n"               \
+    "    integer saturates, as astype does).\n"
 
 #define REDUCE_DOC_(ID, name, on_float, on_int, takes_dtype, empty, summary, returns, tail)    \
     PyDoc_STRVAR(reduce_##ID##_doc,                                                            \
@@ -399,7 +400,8 @@ CL_REDUCE_OPS(REDUCE_FUNC_)
         "    Keep reduced axes with extent 1, so the result broadcasts against `a`.\n"          \
         REDUCE_DTYPE_DOC_##takes_dtype                                                          \
         "out : DeviceArray, optional\n"                                                         \
-        "    Array of the result's shape to write into (cast to its dtype); returned.\n"        \
+        "    Array of the result's shape to write into (cast to its dtype as astype\n"          \
+        "    casts); returned.\n"                                                               \
         "\nReturns\n-------\nDeviceArray\n" returns "\n" tail);
 CL_REDUCE_OPS(REDUCE_DOC_)
 

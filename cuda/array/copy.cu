@@ -1,6 +1,8 @@
 // Copies between device arrays of any layout, with dtype conversion.
 //
 // Used by ascontiguousarray, copy(), astype() and get() of non-dense views.
+// Every element goes through cl::convert (dtype_convert.cuh): float to
+// integer saturates, NaN -> 0.
 // The launcher first simplifies the layout (drops extent-1 axes, merges axes
 // that are contiguous in both arrays), then picks the cheapest path:
 //   1. same dtype, both dense in the same order  -> one cudaMemcpyAsync

@@ -5,7 +5,8 @@
 //               where the window hangs over the padding, then zeros up to Kp
 //               (K = kh*kw*C rounded up so the GEMM's K is tensor-core aligned).
 //               A 1x1 stride-2 convolution uses it as a strided gather.
-//   max_pool    kernel x kernel max over NHWC windows (padding never wins)
+//   max_pool    kernel x kernel max over NHWC windows (padding never wins; a
+//               NaN in the window gives NaN, as in torch)
 //   avg_pool    global mean over H*W: (N, H, W, C) -> (N, C), float32 sums
 //
 // All three index the output linearly and decompose the index into
@@ -98,9 +99,12 @@ __global__ void im2col_kernel(Tout *__restrict__ dst, const Tin *__restrict__ sr
     }
 }
 
+// The larger of a and b, NaN if either is NaN (torch's max_pool2d propagates
+// NaN; fmaxf and a plain `a >= b ? a : b` would drop a NaN held in `a`).
 template <typename T> __device__ __forceinline__ T max_of(T a, T b)
 {
-    return cl::widen(a) >= cl::widen(b) ? a : b;
+    const auto x = cl::widen(a), y = cl::widen(b);
+    return (x >= y || x != x) ? a : b;
 }
 
 // One thread per VEC channels of one output pixel.

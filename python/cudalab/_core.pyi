@@ -63,6 +63,7 @@ def driver_version() -> int: ...  # 0 when no driver is installed
 # For Python wrappers: check `device` (None: the current one) with errors naming `caller`.
 def _parse_device(device: int | None, caller: str, check_only: bool = False) -> int | None: ...
 def _parse_device_spec(device: int | str, caller: str) -> int: ...  # int, "cuda" or "cuda:N"
+def _float_to_int(value: float, dtype: Any) -> int: ...  # full()'s saturating float -> int
 def _exchange_device(device: int, caller: str) -> int: ...  # make current, return the previous
 def _device_properties(device: int) -> dict[str, Any]:
     """Raw properties; cudalab.get_device_properties wraps them.

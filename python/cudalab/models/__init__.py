@@ -16,7 +16,9 @@ The pieces the GPU model is built from, all NumPy:
 * :mod:`~cudalab.models.imagenet`: :func:`preprocess`, ImageNet's
   resize / crop / normalise of uint8 images into float32 NHWC;
 * :mod:`~cudalab.models.reference`: the forward in NumPy (im2col + matmul),
-  the CPU side of the inference lesson and the GPU forward's reference.
+  the CPU side of the inference lesson and the GPU forward's reference;
+* :mod:`~cudalab.models.cache`: :class:`LRUCache`, the bounded per-shape
+  cache of compiled forwards the GPU model keeps.
 
 ::
 
@@ -27,9 +29,10 @@ The pieces the GPU model is built from, all NumPy:
     logits = models.reference.forward(params, x)         # (N, 1000) float32
 """
 
-from . import arch, imagenet, ops, params, plan, reference, weights
+from . import arch, cache, imagenet, ops, params, plan, reference, weights
 from .arch import (RESNET50, RESNET50_PARAMETERS, Conv, GlobalAvgPool, Linear, MaxPool,
                    parameter_count, tensor_shapes)
+from .cache import LRUCache
 from .params import FoldedParams, GemmWeights, fold
 from .imagenet import IMAGENET_MEAN, IMAGENET_STD, preprocess
 from .weights import from_torchvision, init_weights, load_weights, save_weights
@@ -44,12 +47,14 @@ __all__ = [
     "FoldedParams",
     "GemmWeights",
     "GraphedForward",
+    "LRUCache",
     "PRECISIONS",
     "ResNet50",
     "GlobalAvgPool",
     "Linear",
     "MaxPool",
     "arch",
+    "cache",
     "fold",
     "imagenet",
     "from_torchvision",

@@ -124,7 +124,8 @@ def max_pool2d(x: _core.DeviceArray, kernel: int = 3, stride: int = 2, padding: 
     """max_pool2d(x, kernel=3, stride=2, padding=1, out=None) -> DeviceArray
 
     Max over kernel x kernel windows of NHWC `x` (padding never wins), as
-    torch's ``max_pool2d``; (N, OH, OW, C) in x's dtype.
+    torch's ``max_pool2d``; (N, OH, OW, C) in x's dtype. A NaN anywhere in a
+    window makes that output NaN, as in torch and ``np.max``.
     """
     func = "max_pool2d"
     x = _array(x, func, "x", 4)

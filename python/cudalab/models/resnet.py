@@ -8,6 +8,25 @@ workspace allocated on first use, then every call is a single
 pooling kernels on the current stream. :meth:`ResNet50.capture` records that
 call in a CUDA graph, so a forward becomes one graph launch.
 
+Memory per shape. A compiled forward's workspace holds every activation of
+the batch (about 4.4 GB for fp32 at batch 256, 224 x 224). The model keeps the
+compiled forwards of its ``max_cached_shapes`` (default 4) most recently used
+input shapes (N, H, W), and optionally at most ``max_cached_bytes`` of
+workspace, in an LRU (:class:`~cudalab.models.cache.LRUCache`); a new shape
+first drops the least recently used ones, then allocates. A CUDA graph never
+loses its memory to that: :class:`GraphedForward` holds what it captured, and
+a shape whose forward ran inside any other graph capture stays allocated
+(beyond the bound) until :meth:`ResNet50.release`.
+
+Alignment. The compiled GEMMs are planned for slot buffers aligned to
+256 bytes. A contiguous input that starts elsewhere (``x[1:]`` of a batch
+whose image size is not a multiple of 256 bytes) is first copied to a fresh
+buffer: one device copy of the batch, N x H x W x 12 bytes read and written
+(estimated, not measured: about 0.05 ms for 128 images of 224 x 224 at
+3 TB/s, 1 % of an fp16 forward); an aligned input costs nothing. An ``out``
+that is misaligned or not C-contiguous is written through a temporary and
+one copy of the logits.
+
 Devices. The model lives on the device of its uploaded weights (``.device``,
 the current one at construction); :meth:`ResNet50.to` moves it, and every
 later allocation (compiled programs, workspaces, outputs, captures) is made
@@ -33,16 +52,25 @@ from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 from ..nn.precision import get_precision
 from ..streams import graph as _graph
 from .arch import RESNET50, Conv, Linear, NUM_CLASSES
+from .cache import LRUCache
 from .imagenet import preprocess
 from .params import FoldedParams, fold
 from .plan import (ITEMSIZE, SLOT_FC_BIAS, SLOT_IMAGES, SLOT_LOGITS, SLOT_WEIGHTS,
                    SLOT_WORKSPACE, gemm_flops, plan_forward, weight_layout)
 from .weights import from_torchvision, init_weights, load_weights
 
-__all__ = ["GraphedForward", "PRECISIONS", "ResNet50", "resnet50"]
+__all__ = ["DEFAULT_MAX_CACHED_SHAPES", "GraphedForward", "PRECISIONS", "ResNet50", "resnet50"]
 
 # The precision names, as cudalab.nn's (their dtypes and matmul precisions come from there).
 PRECISIONS = tuple(_NN_PRECISIONS)
+
+# Compiled input shapes a model keeps (each with its workspace) unless told otherwise.
+DEFAULT_MAX_CACHED_SHAPES = 4
+
+# What a slot array's base must be aligned to: the most any compiled program asks
+# (_convnet_run checks against the example arrays' alignment, capped at 256 by
+# cl_mm_alignment_of); fresh allocations from the pool satisfy it.
+_SLOT_ALIGNMENT = 256
 
 
 def _state_from(weights: Any, seed: int) -> dict:
@@ -59,8 +87,10 @@ def _state_from(weights: Any, seed: int) -> dict:
                     f"or a torch module, got {type(weights).__name__}")
 
 
-def resnet50(weights: Any = None, *, precision: str = "fp32", seed: int = 0) -> "ResNet50":
-    """resnet50(weights=None, *, precision='fp32', seed=0) -> ResNet50
+def resnet50(weights: Any = None, *, precision: str = "fp32", seed: int = 0,
+             max_cached_shapes: Optional[int] = DEFAULT_MAX_CACHED_SHAPES,
+             max_cached_bytes: Optional[int] = None) -> "ResNet50":
+    """resnet50(weights=None, *, precision='fp32', seed=0, max_cached_shapes=4, max_cached_bytes=None) -> ResNet50
 
     torchvision's ResNet-50 (v1.5) for inference on cudalab's GPU kernels.
 
@@ -76,15 +106,31 @@ def resnet50(weights: Any = None, *, precision: str = "fp32", seed: int = 0) -> 
         accumulation. Logits are float32 in every case.
     seed : int, optional
         For the random initialisation.
+    max_cached_shapes, max_cached_bytes : int or None, optional
+        Bounds of the per-shape cache of compiled forwards (see
+        :class:`ResNet50`).
     """
     get_precision(precision, "resnet50")
-    return ResNet50(fold(_state_from(weights, seed)), precision=precision)
+    return ResNet50(fold(_state_from(weights, seed)), precision=precision,
+                    max_cached_shapes=max_cached_shapes, max_cached_bytes=max_cached_bytes)
 
 
 class ResNet50:
-    """ResNet50(params, precision='fp32')
+    """ResNet50(params, precision='fp32', max_cached_shapes=4, max_cached_bytes=None)
 
     The GPU model (build it with :func:`resnet50`).
+
+    Each input shape (N, H, W) gets a compiled forward and a workspace on
+    first use (:meth:`workspace_bytes`; about 4.4 GB for fp32 at batch 256).
+    The model keeps those of the most recently used shapes, least recently
+    used dropped first, within two bounds: ``max_cached_shapes`` shapes
+    (default 4; None: no bound) and ``max_cached_bytes`` bytes of workspace
+    (default None: no bound; the newest shape stays even if larger). Both are
+    attributes; lowering one drops shapes at once. A dropped shape compiles
+    and allocates again on its next forward. Memory a CUDA graph replays on
+    is never freed by this: a :class:`GraphedForward` holds its own, and a
+    shape whose forward ran inside another graph capture stays allocated
+    until :meth:`release`.
 
     Attributes
     ----------
@@ -95,9 +141,15 @@ class ResNet50:
         Of activations and weights: 'float32', 'float16' or 'bfloat16'.
     device : int
         Where the weights are and the forward runs (see :meth:`to`).
+    max_cached_shapes : int or None
+    max_cached_bytes : int or None
+    cached_shapes : list of (N, H, W)
+        The shapes with a compiled forward, least recently used first.
     """
 
-    def __init__(self, params: FoldedParams, precision: str = "fp32") -> None:
+    def __init__(self, params: FoldedParams, precision: str = "fp32",
+                 max_cached_shapes: Optional[int] = DEFAULT_MAX_CACHED_SHAPES,
+                 max_cached_bytes: Optional[int] = None) -> None:
         prec = get_precision(precision, "ResNet50")
         self.precision = prec.name
         self.dtype = str(prec.compute_dtype)
@@ -108,7 +160,46 @@ class ResNet50:
         self._weights = self._upload()
         self._fc_bias = _core.asarray(np.ascontiguousarray(params.gemms["fc"].bias,
                                                            dtype=np.float32))
-        self._compiled: dict[tuple[int, int, int], tuple[Any, _core.DeviceArray]] = {}
+        # (N, H, W) -> (program, workspace): the LRU, and the shapes used inside a
+        # graph capture (kept until release(): a graph replays on that workspace).
+        self._cache = LRUCache(_shape_bound(max_cached_shapes, "max_cached_shapes", 1),
+                               _shape_bound(max_cached_bytes, "max_cached_bytes", 0))
+        self._graph_held: dict[tuple[int, int, int], tuple[Any, _core.DeviceArray]] = {}
+
+    # ---- the per-shape cache ----------------------------------------------------------
+
+    @property
+    def max_cached_shapes(self) -> Optional[int]:
+        """Compiled input shapes kept, each with its workspace (None: no bound)."""
+        return self._cache.max_entries
+
+    @max_cached_shapes.setter
+    def max_cached_shapes(self, value: Optional[int]) -> None:
+        self._cache.max_entries = _shape_bound(value, "max_cached_shapes", 1)
+
+    @property
+    def max_cached_bytes(self) -> Optional[int]:
+        """Workspace bytes kept over all cached shapes (None: no bound)."""
+        return self._cache.max_bytes
+
+    @max_cached_bytes.setter
+    def max_cached_bytes(self, value: Optional[int]) -> None:
+        self._cache.max_bytes = _shape_bound(value, "max_cached_bytes", 0)
+
+    @property
+    def cached_shapes(self) -> list:
+        """The (N, H, W) with a compiled forward in the cache, least recently used first."""
+        return self._cache.keys()
+
+    @property
+    def cached_bytes(self) -> int:
+        """Workspace bytes of the cached shapes."""
+        return self._cache.nbytes
+
+    @property
+    def _compiled(self) -> dict:
+        """(N, H, W) -> (program, workspace) of every shape kept (a snapshot)."""
+        return {**self._graph_held, **dict(self._cache.items())}
 
     def _upload(self) -> _core.DeviceArray:
         """Every GEMM weight as (cout, K padded), and every conv bias, in one buffer."""
@@ -156,24 +247,44 @@ class ResNet50:
             return self
         weights, fc_bias = self._weights.to(dev), self._fc_bias.to(dev)
         self._weights, self._fc_bias = weights, fc_bias
-        self._compiled = {}
+        self._cache.clear()
+        self._graph_held.clear()
         return self
 
     # ---- the forward -------------------------------------------------------------------
 
     def _program(self, shape: tuple) -> tuple[Any, _core.DeviceArray]:
+        """(program, workspace) for images of `shape`, compiled and allocated on first use."""
         n, h, w, _ = shape
         key = (n, h, w)
-        if key not in self._compiled:
-            plan = plan_forward(n, self.dtype, self._matmul_precision, self._layout, h, w,
-                                self.layers)
-            workspace = _core.empty(max(plan.workspace_bytes, 1), dtype="uint8")
-            images = _core.empty((n, h, w, 3), dtype="float32")
-            logits = _core.empty((n, NUM_CLASSES), dtype="float32")
-            slots = self._slots(workspace, images, logits)
-            program = _core._convnet_compile(plan.steps, slots, "resnet50")
-            self._compiled[key] = (program, workspace)
-        return self._compiled[key]
+        # While a graph is captured nothing may be freed (a free would be captured or
+        # break the capture), so the LRU only changes outside captures.
+        capturing = _core.is_current_stream_capturing()
+        entry = self._cache.get(key)
+        if entry is not None:
+            return entry
+        entry = self._graph_held.get(key)  # dropped from the LRU, kept for a graph
+        if entry is not None:
+            if not capturing:
+                self._cache.put(key, entry, entry[1].nbytes)
+            return entry
+        plan = plan_forward(n, self.dtype, self._matmul_precision, self._layout, h, w,
+                            self.layers)
+        nbytes = max(plan.workspace_bytes, 1)
+        if not capturing:
+            # Drop the least recently used shapes first, so their memory can serve this one.
+            self._cache.make_room(nbytes)
+        workspace = _core.empty(nbytes, dtype="uint8")
+        images = _core.empty((n, h, w, 3), dtype="float32")
+        logits = _core.empty((n, NUM_CLASSES), dtype="float32")
+        slots = self._slots(workspace, images, logits)
+        program = _core._convnet_compile(plan.steps, slots, "resnet50")
+        entry = (program, workspace)
+        if capturing:
+            self._graph_held[key] = entry  # the graph replays on it: kept until release()
+        else:
+            self._cache.put(key, entry, nbytes)
+        return entry
 
     def _slots(self, workspace: _core.DeviceArray, images: _core.DeviceArray,
                logits: _core.DeviceArray) -> tuple:
@@ -216,31 +327,50 @@ class ResNet50:
             float32 NHWC (N, H, W, 3), ImageNet-normalised
             (:func:`~cudalab.models.preprocess`); 224 x 224 for ImageNet. A
             DeviceArray must be on the model's device (ValueError otherwise).
+            Any layout and offset: one that is not C-contiguous or not
+            256-byte aligned (``batch[1:]``, say) is first copied to a fresh
+            buffer on the device.
         out : DeviceArray, optional
-            float32 (N, 1000), C-contiguous, on the model's device.
+            float32 (N, 1000), on the model's device. Written in place; when
+            it is not C-contiguous or not 256-byte aligned, through a
+            temporary and one copy.
 
         Returns
         -------
         DeviceArray
             float32 (N, 1000) logits (`out` if given), on the model's device.
         """
+        return self._forward(x, out, "forward", hold_if_captured=True)
+
+    def _forward(self, x: Any, out: Optional[_core.DeviceArray], func: str,
+                 hold_if_captured: bool) -> _core.DeviceArray:
         dev = self.device
         if dev != _core.current_device():
             with _device(dev):  # programs, workspaces and outputs are allocated here
-                return self.forward(x, out)
-        x = self._images(x, "forward")
+                return self._forward(x, out, func, hold_if_captured)
+        x = self._images(x, func)
+        if x.data_ptr % _SLOT_ALIGNMENT:
+            x = x.copy()  # a view at an odd offset: the GEMMs are planned for aligned slots
         n = x.shape[0]
         if out is None:
             out = _core.empty((n, NUM_CLASSES), dtype="float32")
         elif (not isinstance(out, _core.DeviceArray) or out.shape != (n, NUM_CLASSES)
-              or out.dtype != np.float32 or not out.is_contiguous):
-            raise ValueError(f"forward() argument 'out': expected a C-contiguous float32 "
-                             f"DeviceArray of shape ({n}, {NUM_CLASSES})")
+              or out.dtype != np.float32):
+            raise ValueError(f"{func}() argument 'out': expected a float32 DeviceArray of "
+                             f"shape ({n}, {NUM_CLASSES})")
         elif out.device != dev:
-            raise ValueError(f"forward() argument 'out': is on device {out.device} but the "
+            raise ValueError(f"{func}() argument 'out': is on device {out.device} but the "
                              f"model is on device {dev}")
+        direct = out.is_contiguous and out.data_ptr % _SLOT_ALIGNMENT == 0
+        logits = out if direct else _core.empty((n, NUM_CLASSES), dtype="float32")
+        key = (n, x.shape[1], x.shape[2])
         program, workspace = self._program(x.shape)
-        _core._convnet_run(program, self._slots(workspace, x, out))
+        _core._convnet_run(program, self._slots(workspace, x, logits))
+        if hold_if_captured and _core.is_current_stream_capturing():
+            # The graph being captured replays on this workspace: never free it under it.
+            self._graph_held[key] = (program, workspace)
+        if not direct:
+            _core.copyto(out, logits)
         return out
 
     __call__ = forward
@@ -298,13 +428,25 @@ class ResNet50:
         return self._weights.nbytes + self._fc_bias.nbytes
 
     def release(self, batch: Optional[int] = None) -> None:
-        """Drop the compiled forward and workspace of one batch size (None: all)."""
-        for key in list(self._compiled):
+        """Drop the compiled forward and workspace of one batch size (None: all).
+
+        Also those kept for a forward that ran inside a graph capture: do not
+        replay such a graph afterwards (a :class:`GraphedForward` keeps its own).
+        """
+        for key in self._cache.keys():
             if batch is None or key[0] == batch:
-                del self._compiled[key]
+                self._cache.pop(key)
+        for key in list(self._graph_held):
+            if batch is None or key[0] == batch:
+                del self._graph_held[key]
 
     def __repr__(self) -> str:
         return f"ResNet50(precision={self.precision!r})"
+
+
+def _shape_bound(value: Any, param: str, minimum: int) -> Optional[int]:
+    """A cache bound: None, or an int >= minimum."""
+    return None if value is None else check_int(value, "ResNet50", param, minimum)
 
 
 class GraphedForward:
@@ -329,11 +471,12 @@ class GraphedForward:
             model.forward(self.input, out=self.output)  # compiles and allocates outside capture
             self.graph = _core.CUDAGraph()
             with _graph(self.graph):
-                model.forward(self.input, out=self.output)
-        # What the graph reads: kept alive even if the model moves (to()) or drops its
-        # compiled forward (release()), so a replay never reads freed memory.
-        self._captured = (model._weights, model._fc_bias,
-                          model._compiled[(batch, height, width)])
+                # Not held by the model: this object holds what it captured (below).
+                model._forward(self.input, self.output, "capture", hold_if_captured=False)
+            # What the graph reads: kept alive even if the model moves (to()) or drops its
+            # compiled forward (release(), or the LRU), so a replay never reads freed memory.
+            self._captured = (model._weights, model._fc_bias,
+                              model._program(self.input.shape))
 
     def replay(self) -> _core.DeviceArray:
         """Run the graph on the current stream; returns :attr:`output`."""
