@@ -95,7 +95,9 @@ def test_views_of_views_and_edge_slices(rng):
     ]
     for k1, k2 in keys:
         dv, hv = d[k1][k2], h[k1][k2]
-        assert dv.shape == hv.shape and dv.strides == hv.strides, (k1, k2)
+        assert dv.shape == hv.shape, (k1, k2)
+        # An empty view's strides mean nothing (NumPy resets some of them).
+        assert dv.strides == hv.strides or hv.size == 0, (k1, k2)
         assert dv.base is d
         assert_bit_equal(dv, hv)
         if hv.size:
