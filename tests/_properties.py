@@ -25,11 +25,10 @@ from hypothesis import strategies as st
 from _support import (BF16, BOOL, DTYPES, F16, F32, F64, I8, I64, U8, View, is_float, is_int,
                       random_array)
 
-# DeviceArray slicing refuses negative steps today (ValueError); a sibling
-# change adds them. Flip this to True once it has landed: every layout of a
-# *device* operand is then also drawn with negative steps. Host layouts (the
-# round-trip family's NumPy views) step backwards already.
-DEVICE_NEGATIVE_STEPS = False
+# Every layout of a *device* operand is also drawn with negative steps
+# (DeviceArray slicing makes them since issue 21). Host layouts (the
+# round-trip family's NumPy views) step backwards as well.
+DEVICE_NEGATIVE_STEPS = True
 
 DTYPE_NAMES = [d.name for d in DTYPES]
 FLOAT_NAMES = ["float16", "bfloat16", "float32", "float64"]
