@@ -53,10 +53,14 @@ def test_a_clean_run_has_no_reports(tmp_path):
 
 
 def test_cell_sums_passes():
-    runs = [{"errors": 0, "seconds": 20, "tests": {"passed": 5, "failures": 0, "errors": 0}},
-            {"errors": 2, "seconds": 3, "tests": {"passed": 1, "failures": 1, "errors": 0}}]
+    runs = [{"errors": 0, "seconds": 20, "pytest_rc": 0,
+             "tests": {"passed": 5, "failures": 0, "errors": 0}},
+            {"errors": 2, "seconds": 3, "pytest_rc": 1,
+             "tests": {"passed": 1, "failures": 1, "errors": 0}}]
     assert summary.cell(runs) == "**2** errors, 23 s, 6 passed, 1 failed"
     assert summary.cell([]) == "not run"
+    stopped = {"errors": 0, "seconds": 240, "pytest_rc": 124, "tests": {}}
+    assert summary.cell(runs + [stopped]) == "stopped by the time limit after 240 s"
 
 
 def test_every_gpu_test_file_is_in_exactly_one_part():
