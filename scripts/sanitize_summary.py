@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import subprocess
 import sys
@@ -64,6 +65,9 @@ def sanitizer_version() -> str:
 
 
 def git_commit() -> str:
+    """HEAD, or SANITIZE_COMMIT when set (a copied tree may carry an older .git)."""
+    if os.environ.get("SANITIZE_COMMIT"):
+        return os.environ["SANITIZE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, cwd=ROOT, timeout=30)
