@@ -45,6 +45,9 @@ WHERE = re.compile(r"^=+\s+at (?:0x[0-9a-f]+ in )?([^\n]+)$", re.M)
 
 
 def device_tag() -> str:
+    """The device's name with underscores (SANITIZE_DEVICE overrides: for `table` off the GPU)."""
+    if os.environ.get("SANITIZE_DEVICE"):
+        return os.environ["SANITIZE_DEVICE"].replace(" ", "_")
     import cudalab
 
     return cudalab.get_device_properties(0).name.replace(" ", "_")
@@ -184,7 +187,11 @@ def table(_: argparse.Namespace) -> None:
              "Written by `scripts/sanitize_summary.py table` from "
              f"`{results_path('json').name}`; each cell sums a part's passes (the main pass and, "
              "where a part has tests that fail a CUDA call on purpose, their own pass with "
-             "`--report-api-errors no`; scripts/sanitize.sh lists them and why).", "",
+             "`--report-api-errors no`; scripts/sanitize.sh lists them and why). sanitize.sh also "
+             "leaves out two graph tests under memcheck (MEMCHECK_MISJUDGED) and one timing test "
+             "under every tool (SANITIZER_TIMING), saying why. A part's tests run in one "
+             "process: a kernel memcheck stops makes the rest of that process fail, so the "
+             "first report is the one to read.", "",
              "| part | " + " | ".join(TOOLS) + " |", "|---|" + "---|" * len(TOOLS)]
     for part in parts:
         row = [cell([r for r in runs if r["part"] == part and r["tool"] == t]) for t in TOOLS]

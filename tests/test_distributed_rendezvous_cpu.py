@@ -231,12 +231,55 @@ def test_rank_zero_silent_after_accepting():
         assert time.monotonic() - t0 < 0.5 + MARGIN
 
 
+def resolver_answers(name: str) -> bool:
+    """False when resolving `name` fails only for now (EAI_AGAIN: no DNS
+    server reachable, as on a machine without a network)."""
+    try:
+        socket.getaddrinfo(name, 29500)
+    except socket.gaierror as exc:
+        return exc.errno != socket.EAI_AGAIN
+    return True
+
+
 def test_unresolvable_master_addr_fails_at_once():
+    host = "no-such-host.invalid"  # RFC 6761: never resolves
+    if not resolver_answers(host):
+        pytest.skip("no DNS resolver answers here (EAI_AGAIN); the next two tests stand in")
     t0 = time.monotonic()
     with pytest.raises(DistributedError, match=r"rank 1 cannot resolve MASTER_ADDR "
                                                r"'no-such-host\.invalid'"):
-        join(1, 2, "no-such-host.invalid", 29500, timeout=30)
+        join(1, 2, host, 29500, timeout=30)
     assert time.monotonic() - t0 < 20
+
+
+def refuse_to_resolve(monkeypatch, errno: int, calls: list) -> None:
+    def create_connection(address, timeout=None):
+        calls.append(address)
+        raise socket.gaierror(errno, "made-up resolver error")
+
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+
+
+def test_a_name_that_does_not_exist_fails_at_once(monkeypatch):
+    calls = []
+    refuse_to_resolve(monkeypatch, socket.EAI_NONAME, calls)
+    with pytest.raises(DistributedError, match=r"rank 1 cannot resolve MASTER_ADDR 'h': "
+                                               r"made-up resolver error"):
+        join(1, 2, "h", 29500, timeout=30)
+    assert calls == [("h", 29500)]
+
+
+def test_a_resolver_that_fails_for_now_is_retried_until_the_timeout(monkeypatch):
+    # A cluster's DNS may be back in a moment (and an offline machine never
+    # answers): EAI_AGAIN is retried, and the timeout's error names it.
+    calls = []
+    refuse_to_resolve(monkeypatch, socket.EAI_AGAIN, calls)
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match=r"rank 1 could not reach rank 0 at h:29500 "
+                                               r"within .* s \(resolving 'h': made-up"):
+        join(1, 2, "h", 29500, timeout=1)
+    assert 1 <= time.monotonic() - t0 < 1 + MARGIN
+    assert len(calls) > 1
 
 
 # ---- inconsistent ranks ----------------------------------------------------------------------
