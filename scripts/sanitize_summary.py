@@ -203,10 +203,17 @@ def table(_: argparse.Namespace) -> None:
                   f"{alias['same_address']}, memcheck errors {alias['memcheck_errors']}: "
                   + ("misreported, so sanitize.sh runs with CUDALAB_GRAPH_KEEP_TEMPORARIES=1."
                      if alias["misreported"] else "not misreported.")]
+    if data.get("findings"):
+        lines += ["", "## What the sanitizer found", ""]
+        for f in data["findings"]:
+            lines.append(f"- {f['date']}, {f['tool']} / {f['part']}: **before**: {f['before']}. "
+                         f"**Cause**: {f['cause']}. **After**: {f['after']}.")
     lines += ["", "## Runs", ""]
     for key in sorted(data["runs"]):
         r = data["runs"][key]
-        lines.append(f"- `{key}`: {r['errors']} errors, {r['seconds']} s, commit {r['commit']}, "
+        outcome = (f"stopped by the time limit after {r['seconds']} s" if r["pytest_rc"] == 124
+                   else f"{r['errors']} errors, {r['seconds']} s")
+        lines.append(f"- `{key}`: {outcome}, commit {r['commit']}, "
                      f"compute-sanitizer {r['sanitizer']}, {r['date']}; `{r['command']}`")
         for rep in r["reports"]:
             lines.append(f"  - {rep['count']} x {rep['report']}")
