@@ -5,7 +5,7 @@
 # benchmarks/results/gpu_check_<device>.json. Also saves `cudalab check` and
 # `cudalab ceilings` output there (cli_check_<device>.txt, ceilings_<device>.*).
 # Then runs the op, nn and models tests under compute-sanitizer's memcheck
-# (scripts/sanitize.sh; about 4 minutes on an H200; GPU_CHECK_SANITIZE=0
+# (scripts/sanitize.sh; more than 5 minutes on an H200; GPU_CHECK_SANITIZE=0
 # skips it); the script fails if memcheck reports an error.
 #
 # Usage: scripts/gpu_check.sh [extra pytest args]
@@ -154,7 +154,7 @@ test_s=$(( $(date +%s) - start ))
 sanitize_rc=0
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
   echo "== memcheck over the op, nn and models tests"
-  OUT="$LOGS/sanitize" PYTHON="$PYTHON" scripts/sanitize.sh -t memcheck -p ops,nn,models
+  OUT="$LOGS/sanitize" PYTHON="$PYTHON" scripts/sanitize.sh -t memcheck -p ops,nn,training,models
   sanitize_rc=$?
 fi
 [ "$test_rc" -ne 0 ] && exit "$test_rc"
