@@ -738,19 +738,6 @@ def reduce_reference(op: str, x: np.ndarray, axis, keepdims: bool, dtype_arg):
     return ref, final
 
 
-def reduce_empty_divergence(op: str, shape, axis) -> bool:
-    """max/min/argmax over an empty axis whose result is empty too, e.g. axis 1
-    of a (0, 0) array: NumPy raises ValueError, cudalab returns an empty
-    result (it raises only when some output has nothing to reduce). A known
-    difference, pinned by its own xfail test, not by the property test."""
-    if op not in ("max", "min", "argmax") or len(shape) == 0:
-        return False
-    reduced = math.prod(shape) if axis is None else shape[axis]
-    outputs = 1 if axis is None else math.prod(n for i, n in enumerate(shape)
-                                               if i != axis % len(shape))
-    return reduced == 0 and outputs == 0
-
-
 # ===================================================================== softmax
 
 

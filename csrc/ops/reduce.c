@@ -212,7 +212,9 @@ reduce_plan(reduce_call *rc)
         rc->rshape[rc->rndim++] = a->shape[i];
         rc->outputs *= a->shape[i];
     }
-    if (rc->spec->empty != NULL && rc->len == 0 && rc->outputs > 0) {
+    /* NumPy's rule: nothing to reduce raises even when the result is empty
+     * too (max over axis 1 of a (0, 0) array). */
+    if (rc->spec->empty != NULL && rc->len == 0) {
         return cl_arg_error(PyExc_ValueError, rc->op.func, "a", "%s", rc->spec->empty);
     }
     /* dtype= asking for another result than the natural one casts the input. */

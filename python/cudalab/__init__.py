@@ -14,7 +14,14 @@ kernels and cuBLAS; this package re-exports its API with names that follow
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from . import _core
+try:
+    from . import _core
+except ImportError as _error:
+    from ._import_hint import import_hint as _import_hint
+
+    if _import_hint(_error) is None:
+        raise
+    raise ImportError(_import_hint(_error)) from _error
 from ._core import (
     MAX_NDIM,
     CublasError,
