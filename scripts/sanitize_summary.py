@@ -24,8 +24,10 @@ import os
 import re
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_summary import junit_counts  # noqa: E402  (a sibling script)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -104,19 +106,6 @@ def read_logs(logs: Path, tag: str) -> dict:
             "reports": [{"report": k, "count": n} for k, n in top]}
 
 
-def junit_counts(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for suite in suites:
-        for key in counts:
-            counts[key] += int(suite.get(key, 0))
-    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return counts
-
-
 def load() -> dict:
     path = results_path("json")
     if path.exists():
@@ -127,10 +116,11 @@ def load() -> dict:
 
 def record(args: argparse.Namespace) -> int:
     data = load()
+    junit = Path(args.logs) / f"{args.tag}.junit.xml"
     entry = {
         "tool": args.tool, "part": args.part, "pass": args.pass_,
         "seconds": args.seconds, "pytest_rc": args.rc,
-        "tests": junit_counts(Path(args.logs) / f"{args.tag}.junit.xml"),
+        "tests": junit_counts(junit) if junit.exists() else {},
         **read_logs(Path(args.logs), args.tag),
         "options": args.options, "command": args.command,
         "commit": git_commit(), "sanitizer": sanitizer_version(),

@@ -3,6 +3,7 @@ which test files each part runs), checked on made-up sanitizer logs."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -83,3 +84,22 @@ def test_deliberate_and_misjudged_tests_exist():
         source = (REPO_ROOT / path).read_text()
         if name:
             assert f"def {name.split('[')[0]}(" in source, node
+
+
+def test_record_and_table_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANITIZE_DEVICE", "Test GPU")
+    monkeypatch.setenv("SANITIZE_COMMIT", "abc1234")
+    monkeypatch.setattr(summary, "RESULTS", tmp_path / "results")
+    (tmp_path / "memcheck_ops_main.5.log").write_text(MEMCHECK_LOG)
+    (tmp_path / "memcheck_ops_main.junit.xml").write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="0" skipped="1"/></testsuites>')
+    rc = summary.main(["record", "--tool", "memcheck", "--part", "ops", "--pass", "main",
+                       "--logs", str(tmp_path), "--tag", "memcheck_ops_main", "--rc", "1",
+                       "--seconds", "7", "--command", "scripts/sanitize.sh -t memcheck -p ops"])
+    assert rc == 1  # errors were reported
+    data = json.loads((tmp_path / "results" / "sanitizer_Test_GPU.json").read_text())
+    run = data["runs"]["memcheck/ops/main"]
+    assert (run["errors"], run["commit"], run["tests"]["passed"]) == (130, "abc1234", 2)
+    assert summary.main(["table"]) == 0
+    table = (tmp_path / "results" / "sanitizer_Test_GPU.md").read_text()
+    assert "| ops | **130** errors, 7 s, 2 passed, 1 failed | not run | not run | not run |" in table
