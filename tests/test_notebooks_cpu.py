@@ -298,3 +298,41 @@ def test_dumps_writes_what_nbformat_writes():
         assert build.dumps(nb) == nbformat.writes(nbformat.from_dict(nb)) + "\n"
     stripped = build.strip_notebook(_synthetic())
     assert build.dumps(stripped) == nbformat.writes(nbformat.from_dict(stripped)) + "\n"
+
+
+# ---- the notebooks' text files (python/cudalab/lessons/notebooks/) ---------------------------
+
+
+def test_every_lesson_has_a_text_file_and_every_text_file_a_use():
+    present = {p.stem for p in build.TEXT.glob("*.md")}
+    assert present == {*lessons.names(), "_index", "_lesson", "README"}
+
+
+def test_text_to_cells():
+    text = ("intro\n\n+++\n\n## How\n\n```bash\nls notebooks/\n+++\n```\n\n"
+            "```python parameters\nA = 1\n\n\nB = 2\n\n```\n\n```python\nprint(A)\n```\nend\n")
+    assert build.cells(text) == [
+        build.Cell("markdown", "intro"),
+        build.Cell("markdown", "## How\n\n```bash\nls notebooks/\n+++\n```"),
+        build.Cell("code", "A = 1\n\n\nB = 2", ("parameters",)),
+        build.Cell("code", "print(A)"),
+        build.Cell("markdown", "end"),
+    ]
+    assert build.cells("\n+++\n\n+++\n") == [], "empty markdown cells are dropped"
+    with pytest.raises(ValueError, match="not closed"):
+        build.cells("```python\nx = 1\n")
+
+
+def test_fields_expand_as_f_string_fields():
+    names = {"X": 1 / 3, "s": "a", "f": lambda n: n * 2}
+    assert build.expand("{{ X:.2f }}x, {{s!r}}, {{ f(2) }}, {{ '{{' }}", names) == "0.33x, 'a', 4, {{"
+    assert build.expand("{x} {'a': {'b': 1}}", {}) == "{x} {'a': {'b': 1}}", "single braces stay"
+
+
+def test_a_lesson_text_without_its_headings_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "creation.md").write_text("intro\n\n## The code being timed\n\ntext\n")
+    monkeypatch.setattr(build, "TEXT", tmp_path)
+    with pytest.raises(SystemExit, match="What the tutorial says"):
+        build.read_lesson_text("creation")
+    with pytest.raises(SystemExit, match="dtypes.md"):
+        build.read_lesson_text("dtypes")
