@@ -10,11 +10,11 @@ the index. This script turns them into cells and writes notebooks/::
     python scripts/build_notebooks.py --execute [--quick] [--timeout S] [NOTEBOOK ...]
     python scripts/build_notebooks.py --strip [NOTEBOOK ...]
 
-Names: ``00_index.ipynb`` is the index; each lesson is ``NN_<name>.ipynb``
-with NN its own number in `cudalab.lessons` (so ``00_context.ipynb`` shares
-the index's 00). Building keeps
-the outputs of a notebook whose code cells did not change (only its text did)
-and clears them otherwise.
+Names: ``00_all_lessons.ipynb`` is the index, first in any listing; each
+lesson is ``NN_<name>.ipynb`` with NN its own number in `cudalab.lessons`
+(``00_context.ipynb`` to ``25_pipeline_parallel.ipynb``). Building keeps the
+outputs of a notebook whose code cells did not change (only its text did) and
+clears them otherwise.
 
 ``--execute`` runs notebooks in place with nbclient (kernel ``python3``),
 quick parameters when ``--quick`` (the notebooks read CUDALAB_NOTEBOOK_QUICK),
@@ -47,7 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 # The notebooks' text: <lesson>.md, the frame _lesson.md, the index _index.md.
 TEXT = ROOT / "python" / "cudalab" / "lessons" / "notebooks"
-INDEX = "00_index.ipynb"
+# The index: it sorts before every lesson (00_context.ipynb too) whatever the file browser's
+# collation, since it differs from them by a letter, not by punctuation.
+INDEX = "00_all_lessons.ipynb"
 QUICK_ENV = "CUDALAB_NOTEBOOK_QUICK"
 DEFAULT_TIMEOUT_S = 1800
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}

@@ -1,10 +1,10 @@
 """CPU tier: the notebooks in notebooks/ as files, without executing them.
 
 Every registered lesson has exactly one notebook (``NN_name.ipynb``) besides
-``00_index.ipynb``; each is valid nbformat 4 JSON, matches what
-scripts/build_notebooks.py generates, compiles, uses only cudalab's public API,
-holds no absolute path and no error output, and, once executed, has every code
-cell's output in execution order. Needs no Jupyter package: nbformat validates
+the index ``00_all_lessons.ipynb``, which sorts first; each is valid nbformat 4
+JSON, matches what scripts/build_notebooks.py generates, compiles, uses only
+cudalab's public API, holds no absolute path and no error output, and, once
+executed, has every code cell's output in execution order. Needs no Jupyter package: nbformat validates
 when it is installed, a structural check of the JSON stands in otherwise.
 """
 
@@ -81,6 +81,12 @@ def test_every_lesson_has_one_notebook_and_there_is_no_other():
     present = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     assert present == sorted(ALL_FILES), "notebooks/ holds the index and one notebook per lesson"
     assert len(present) == len(lessons.names()) + 1
+
+
+def test_the_index_sorts_first_whatever_the_collation():
+    present = [p.name for p in NOTEBOOKS.glob("*.ipynb")]
+    for key in (str, str.lower, str.upper, lambda s: s.replace("_", " ")):
+        assert min(present, key=key) == build.INDEX
 
 
 def test_notebooks_are_what_the_build_script_generates():
@@ -190,7 +196,7 @@ def test_lesson_notebook_has_its_parts(name):
     x = lessons.get(name)
     assert nb["cells"][0]["cell_type"] == "markdown"
     assert nb["cells"][0]["source"].startswith(f"# Lesson {x.number} `{name}`: {x.title}")
-    assert "## What the tutorial says" in text and "](00_index.ipynb)" in text
+    assert "## What the tutorial says" in text and f"]({build.INDEX})" in text
     parameters = [c for c in _code_cells(nb) if "parameters" in c["metadata"].get("tags", [])]
     assert len(parameters) == 1 and build.QUICK_ENV in parameters[0]["source"]
     assert any("cudalab.get_device_name()" in c for c in code), "a cell shows the device"
