@@ -96,6 +96,15 @@ def test_notebooks_are_what_the_build_script_generates():
                           "then execute the notebooks again):\n" + "\n".join(problems))
 
 
+def test_build_writes_every_notebook(tmp_path):
+    """What `python scripts/build_notebooks.py` does, into an empty directory."""
+    written = build.build(tmp_path)
+    assert sorted(written) == sorted(ALL_FILES)
+    for file, nb in build.generate().items():
+        assert not build.differences(tmp_path / file, nb), file
+    assert build.build(tmp_path) == [], "a second build writes nothing"
+
+
 def test_index_links_every_lesson_notebook():
     text = "\n".join(c["source"] for c in _load(build.INDEX)["cells"] if c["cell_type"] == "markdown")
     for file in LESSON_FILES.values():
