@@ -46,10 +46,10 @@ def machine() -> dict:
 
 
 def readme_row(results: dict) -> str:
-    """The README's "latest GPU check" table row for a gpu_check results file.
+    """The "latest GPU check" table row of docs/results.md for a gpu_check results file.
 
-    README.md holds this row verbatim; tests/test_readme_results_cpu.py checks
-    that it does, so the README's test counts cannot drift from the file.
+    docs/results.md holds this row verbatim; tests/test_readme_results_cpu.py
+    checks that it does, so the documented test counts cannot drift from the file.
     """
     machine = results["machine"]
     dev = machine["devices"][0] if machine["devices"] else None
@@ -89,7 +89,7 @@ def main() -> int:
                          "build_seconds": args.build_seconds, "test_seconds": args.test_seconds})
     if args.copy_to is not None and args.copy_to.resolve() != args.outdir.resolve():
         shutil.copy(path, args.copy_to / path.name)
-    print("README row:")
+    print("docs/results.md row:")
     print(readme_row(json.loads(path.read_text())))
     print(f"summary: {counts['passed']} passed, {counts['failures']} failed, "
           f"{counts['errors']} errors, {counts['skipped']} skipped on {device} -> {path}")

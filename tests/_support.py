@@ -17,7 +17,7 @@ Importable from any test module (pytest puts this folder on sys.path). Blocks:
 * skips: ``HAS_GPU``, ``no_gpu_only``, ``torch_cuda`` / ``cupy_device`` /
   ``numba_cuda`` / ``jax_gpus`` (skip where the library or its GPU is missing);
 * processes and files: ``load_module``, ``run_cli``, ``run_in_threads``,
-  ``fake_measurement``, the README's python examples.
+  ``fake_measurement``, the python examples of README.md and docs/*.md.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def is_float(dtype) -> bool:
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = README.parent / "docs"
 
 
 def readme_plugin_example() -> str:
@@ -780,6 +781,11 @@ def fake_measurement(label: str = "op", *, median: float = 1e-3, times=None, **f
 def readme_python_blocks() -> list[str]:
     """readme_python_blocks() -> list[str]: the README's ```python blocks, in order."""
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def doc_python_blocks(page: str) -> list[str]:
+    """doc_python_blocks(page) -> list[str]: the ```python blocks of docs/<page>.md, in order."""
+    return re.findall(r"```python\n(.*?)```", (DOCS / f"{page}.md").read_text(), flags=re.DOTALL)
 
 
 # ===================================================== more helpers =========

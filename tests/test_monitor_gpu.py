@@ -13,7 +13,7 @@ import pytest
 import cudalab
 from cudalab import _nvml
 from cudalab.monitor import FIELDS, GpuMonitor
-from _support import F32, assert_arg_error, random_array, readme_python_blocks
+from _support import F32, assert_arg_error, doc_python_blocks, random_array
 
 pytestmark = pytest.mark.gpu
 
@@ -90,11 +90,11 @@ def test_monitor_device_argument():
         GpuMonitor(device=last + 1)
 
 
-def test_readme_monitor_example_runs(monkeypatch, tmp_path, capsys):
-    blocks = [b for b in readme_python_blocks() if "GpuMonitor" in b]
+def test_docs_monitor_example_runs(monkeypatch, tmp_path, capsys):
+    blocks = [b for b in doc_python_blocks("measuring") if "GpuMonitor" in b]
     assert len(blocks) == 1
     monkeypatch.chdir(tmp_path)  # it writes gpu.csv
-    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "__readme__"})
+    exec(compile(blocks[0], "docs/measuring.md", "exec"), {"__name__": "__readme__"})
     assert re.match(r"\d+ samples over ", capsys.readouterr().out)
     rows = list(csv.DictReader((tmp_path / "gpu.csv").open()))
     assert len(rows) >= 2 and list(rows[0]) == ["t_s", *FIELDS]

@@ -1,10 +1,10 @@
 """CPU tier: the notebooks in notebooks/ as files, without executing them.
 
 Every registered lesson has exactly one notebook (``NN_name.ipynb``) besides
-``00_index.ipynb``; each is valid nbformat 4 JSON, matches what
-scripts/build_notebooks.py generates, compiles, uses only cudalab's public API,
-holds no absolute path and no error output, and, once executed, has every code
-cell's output in execution order. Needs no Jupyter package: nbformat validates
+the index ``00_all_lessons.ipynb``, which sorts first; each is valid nbformat 4
+JSON, matches what scripts/build_notebooks.py generates, compiles, uses only
+cudalab's public API, holds no absolute path and no error output, and, once
+executed, has every code cell's output in execution order. Needs no Jupyter package: nbformat validates
 when it is installed, a structural check of the JSON stands in otherwise.
 """
 
@@ -83,11 +83,26 @@ def test_every_lesson_has_one_notebook_and_there_is_no_other():
     assert len(present) == len(lessons.names()) + 1
 
 
+def test_the_index_sorts_first_whatever_the_collation():
+    present = [p.name for p in NOTEBOOKS.glob("*.ipynb")]
+    for key in (str, str.lower, str.upper, lambda s: s.replace("_", " ")):
+        assert min(present, key=key) == build.INDEX
+
+
 def test_notebooks_are_what_the_build_script_generates():
     problems = [d for file, nb in build.generate().items()
                 for d in build.differences(NOTEBOOKS / file, nb)]
     assert not problems, ("notebooks/ is out of date with scripts/build_notebooks.py (run it, "
                           "then execute the notebooks again):\n" + "\n".join(problems))
+
+
+def test_build_writes_every_notebook(tmp_path):
+    """What `python scripts/build_notebooks.py` does, into an empty directory."""
+    written = build.build(tmp_path)
+    assert sorted(written) == sorted(ALL_FILES)
+    for file, nb in build.generate().items():
+        assert not build.differences(tmp_path / file, nb), file
+    assert build.build(tmp_path) == [], "a second build writes nothing"
 
 
 def test_index_links_every_lesson_notebook():
@@ -190,7 +205,7 @@ def test_lesson_notebook_has_its_parts(name):
     x = lessons.get(name)
     assert nb["cells"][0]["cell_type"] == "markdown"
     assert nb["cells"][0]["source"].startswith(f"# Lesson {x.number} `{name}`: {x.title}")
-    assert "## What the tutorial says" in text and "](00_index.ipynb)" in text
+    assert "## What the tutorial says" in text and f"]({build.INDEX})" in text
     parameters = [c for c in _code_cells(nb) if "parameters" in c["metadata"].get("tags", [])]
     assert len(parameters) == 1 and build.QUICK_ENV in parameters[0]["source"]
     assert any("cudalab.get_device_name()" in c for c in code), "a cell shows the device"
@@ -298,3 +313,41 @@ def test_dumps_writes_what_nbformat_writes():
         assert build.dumps(nb) == nbformat.writes(nbformat.from_dict(nb)) + "\n"
     stripped = build.strip_notebook(_synthetic())
     assert build.dumps(stripped) == nbformat.writes(nbformat.from_dict(stripped)) + "\n"
+
+
+# ---- the notebooks' text files (python/cudalab/lessons/notebooks/) ---------------------------
+
+
+def test_every_lesson_has_a_text_file_and_every_text_file_a_use():
+    present = {p.stem for p in build.TEXT.glob("*.md")}
+    assert present == {*lessons.names(), "_index", "_lesson", "README"}
+
+
+def test_text_to_cells():
+    text = ("intro\n\n+++\n\n## How\n\n```bash\nls notebooks/\n+++\n```\n\n"
+            "```python parameters\nA = 1\n\n\nB = 2\n\n```\n\n```python\nprint(A)\n```\nend\n")
+    assert build.cells(text) == [
+        build.Cell("markdown", "intro"),
+        build.Cell("markdown", "## How\n\n```bash\nls notebooks/\n+++\n```"),
+        build.Cell("code", "A = 1\n\n\nB = 2", ("parameters",)),
+        build.Cell("code", "print(A)"),
+        build.Cell("markdown", "end"),
+    ]
+    assert build.cells("\n+++\n\n+++\n") == [], "empty markdown cells are dropped"
+    with pytest.raises(ValueError, match="not closed"):
+        build.cells("```python\nx = 1\n")
+
+
+def test_fields_expand_as_f_string_fields():
+    names = {"X": 1 / 3, "s": "a", "f": lambda n: n * 2}
+    assert build.expand("{{ X:.2f }}x, {{s!r}}, {{ f(2) }}, {{ '{{' }}", names) == "0.33x, 'a', 4, {{"
+    assert build.expand("{x} {'a': {'b': 1}}", {}) == "{x} {'a': {'b': 1}}", "single braces stay"
+
+
+def test_a_lesson_text_without_its_headings_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "creation.md").write_text("intro\n\n## The code being timed\n\ntext\n")
+    monkeypatch.setattr(build, "TEXT", tmp_path)
+    with pytest.raises(SystemExit, match="What the tutorial says"):
+        build.read_lesson_text("creation")
+    with pytest.raises(SystemExit, match="dtypes.md"):
+        build.read_lesson_text("dtypes")

@@ -16,7 +16,7 @@ import pytest
 import cudalab as cl
 from cudalab import _core
 from cudalab.profiler import profile, record_function
-from _support import F32, README, gelu_reference, random_array, rel_err, run_in_threads
+from _support import DOCS, F32, gelu_reference, random_array, rel_err, run_in_threads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_profile_left_running")]
 
@@ -336,15 +336,15 @@ def test_nvtx_ranges_without_a_tool_change_nothing(rng):
     np.testing.assert_allclose(z.get(), ref, rtol=1e-5)
 
 
-# ---- the README's example ---------------------------------------------------------------------
+# ---- the docs' example (docs/measuring.md) -----------------------------------------------------
 
 
-def test_readme_profiling_example_runs(tmp_path, monkeypatch, capsys):
-    readme = README.read_text()
-    section = readme.split("## Profiling", 1)[1]
+def test_docs_profiling_example_runs(tmp_path, monkeypatch, capsys):
+    page = (DOCS / "measuring.md").read_text()
+    section = page.split("## Profiling", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md (Profiling)", "exec"), {"__name__": "__readme__"})
+    exec(compile(block, "docs/measuring.md (Profiling)", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
     assert "matmul" in out and "GPU total" in out
     json.loads((tmp_path / "trace.json").read_text())

@@ -1,4 +1,4 @@
-"""README figures that come from committed result files must match them."""
+"""README and docs figures that come from committed result files must match them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from _support import README, REPO_ROOT, load_module
+from _support import DOCS, README, REPO_ROOT, load_module
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 gpu_summary = load_module(REPO_ROOT / "scripts" / "gpu_summary.py")
@@ -22,10 +22,10 @@ def _gpu_check_files():
 
 
 @pytest.mark.parametrize("results", _gpu_check_files())
-def test_readme_gpu_check_row_matches_the_results_file(results):
+def test_docs_gpu_check_row_matches_the_results_file(results):
     row = gpu_summary.readme_row(results)
-    assert row in README.read_text().splitlines(), (
-        f"README's GPU check table lacks the row of the committed results file; "
+    assert row in (DOCS / "results.md").read_text().splitlines(), (
+        f"docs/results.md's GPU check table lacks the row of the committed results file; "
         f"it should read:\n{row}")
 
 

@@ -506,3 +506,4 @@ def test_readme_blocks():
     assert blocks and all(isinstance(b, str) for b in blocks)
     assert "gpu_benchmark" in S.readme_plugin_example()
     assert S.REPO_ROOT / "README.md" == S.README
+    assert any("GpuMonitor" in b for b in S.doc_python_blocks("measuring"))
