@@ -93,7 +93,7 @@ NOT_RUN = {
         "the GPU tier itself: needs a GPU (scripts/gpu_check.sh runs it on a GPU machine)",
     "scripts/gpu_check.sh":
         "needs a GPU: builds, runs the whole GPU tier and memcheck, writes benchmarks/results/",
-    "scripts/sanitize.sh -t memcheck -p ops,nn,models":
+    "scripts/sanitize.sh -t memcheck -p ops,nn,training,models":
         "needs a GPU and compute-sanitizer (tests/test_sanitize_cpu.py checks its bookkeeping)",
     "scripts/run_benchmarks.sh": "needs a GPU: writes benchmarks/results/compute_<device>.json",
     "scripts/run_notebooks.sh --quick":

@@ -23,7 +23,7 @@
  * dispatch (cuda/ops/elementwise.cu), and in csrc/ops/elementwise.c the op
  * specs, one entry point per function with its docstring, the method table
  * and the list of names the package re-exports. A new unary op is one line
- * here, its stub in _core.pyi, its tests and its README mention. */
+ * here, its stub in _core.pyi, its tests and its row in docs/api.md. */
 #ifndef CUDALAB_ELEMENTWISE_OPS_H
 #define CUDALAB_ELEMENTWISE_OPS_H
 

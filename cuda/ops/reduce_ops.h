@@ -17,7 +17,7 @@
  *                Returns body, and the sections after it
  *
  * A new reduction is a line here, its combine operation and case in
- * reduce.cu's run_op, its stub in _core.pyi, its tests and README mention. */
+ * reduce.cu's run_op, its stub in _core.pyi, its tests and its row in docs/api.md. */
 #ifndef CUDALAB_REDUCE_OPS_H
 #define CUDALAB_REDUCE_OPS_H
 
