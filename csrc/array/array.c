@@ -239,54 +239,6 @@ cl_array_wrap(cl_state *st, PyObject *base, char *data, int device, cl_dtype dty
     return a;
 }
 
-int
-cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src)
-{
-    int64_t shape[CL_MAX_NDIM], dst_strides[CL_MAX_NDIM], src_strides[CL_MAX_NDIM];
-    if (cl_array_size(src) == 0) {
-        return 0;
-    }
-    Py_ssize_t dst_item = (Py_ssize_t)cl_itemsize(dst->dtype);
-    Py_ssize_t src_item = (Py_ssize_t)cl_itemsize(src->dtype);
-    for (int i = 0; i < src->ndim; i++) {
-        shape[i] = src->shape[i];
-        dst_strides[i] = dst->strides[i] / dst_item;
-        src_strides[i] = src->strides[i] / src_item;
-    }
-    int previous;
-    if (cl_device_enter(st, src->device, &previous) < 0) {
-        return -1;
-    }
-    cl_array_note_stream(dst, cl_current_stream(st));
-    cl_array_note_stream(src, cl_current_stream(st));
-    cudaError_t err = cl_copy_cast(dst->data, dst->dtype, dst_strides, src->data, src->dtype,
-                                   src_strides, src->ndim, shape, cl_current_stream(st));
-    cl_device_exit(src->device, previous);
-    CL_CUDA_CHECK(st, err);
-    return 0;
-fail:
-    return -1;
-}
-
-DeviceArray *
-cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype)
-{
-    int previous;
-    if (cl_device_enter(st, a->device, &previous) < 0) {
-        return NULL;
-    }
-    DeviceArray *out = cl_array_new(st, func, a->ndim, a->shape, NULL, dtype);
-    cl_device_exit(a->device, previous);
-    if (out == NULL) {
-        return NULL;
-    }
-    if (cl_array_copy_into(st, out, a) < 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    return out;
-}
-
 DeviceArray *
 cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype)
 {
@@ -297,7 +249,7 @@ cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype)
     }
     cl_op_use(&op, a);
     DeviceArray *out = cl_op_new(&op, a->ndim, a->shape, NULL, dtype);
-    if (out != NULL && cl_array_copy_into(st, out, a) < 0) {
+    if (out != NULL && cl_op_copy_into(&op, out, a) < 0) {
         Py_CLEAR(out);
     }
     /* Read once in a's dtype, written once in `dtype`. */
@@ -621,9 +573,10 @@ host_destination(cl_state *st, const DeviceArray *src, PyObject *out_obj)
 
 /* The bytes that cross to the host: `a` itself when they already have the
  * destination's layout (out NULL: any dense layout), else a device copy of
- * `a` laid out as the dense `out` (C order without out). New reference. */
+ * `a` (on the op's device) laid out as the dense `out` (C order without
+ * out), on op->stream. New reference. */
 static DeviceArray *
-device_source(cl_state *st, const char *func, DeviceArray *a, PyArrayObject *out)
+device_source(cl_op *op, DeviceArray *a, PyArrayObject *out)
 {
     if (out == NULL ? cl_is_dense(a)
                     : same_dense_layout(a, out) ||
@@ -631,15 +584,11 @@ device_source(cl_state *st, const char *func, DeviceArray *a, PyArrayObject *out
         return (DeviceArray *)Py_NewRef(a);
     }
     if (out == NULL || PyArray_IS_C_CONTIGUOUS(out)) {
-        return cl_array_contiguous_copy(st, func, a, a->dtype);
+        return cl_op_contiguous_copy(op, a, a->dtype);
     }
-    int previous;
-    if (cl_device_enter(st, a->device, &previous) < 0) {
-        return NULL;
-    }
-    DeviceArray *c = cl_array_new(st, func, a->ndim, a->shape, PyArray_STRIDES(out), a->dtype);
-    cl_device_exit(a->device, previous);
-    if (c != NULL && cl_array_copy_into(st, c, a) < 0) {
+    DeviceArray *c =
+        cl_array_new(op->st, op->func, a->ndim, a->shape, PyArray_STRIDES(out), a->dtype);
+    if (c != NULL && cl_op_copy_into(op, c, a) < 0) {
         Py_CLEAR(c);
     }
     return c;
@@ -692,7 +641,7 @@ cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out_o
         return cl_op_end(&op, NULL, NULL);
     }
     cl_op_use(&op, a);
-    DeviceArray *src = device_source(st, func, a, (PyArrayObject *)out_obj);
+    DeviceArray *src = device_source(&op, a, (PyArrayObject *)out_obj);
     if (src != NULL) {
         out = host_destination(st, src, out_obj);
         if (out != NULL && copy_to_host(&op, out, src, async) < 0) {

@@ -74,11 +74,6 @@ DeviceArray *cl_array_view(cl_state *st, DeviceArray *src, char *data, int ndim,
  * imports); keeps `base` alive and never frees the memory itself. */
 DeviceArray *cl_array_wrap(cl_state *st, PyObject *base, char *data, int device, cl_dtype dtype,
                            int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides);
-/* dst (any layout, same shape) <- src with dtype conversion, on the current stream. */
-int cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src);
-/* C-contiguous copy of `a` in `dtype`, on a's device. */
-DeviceArray *cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a,
-                                      cl_dtype dtype);
 /* The same as a user-visible op (copy, astype, ascontiguousarray, asarray of a
  * device array to another dtype): profiled and NVTX-marked as `func`. */
 DeviceArray *cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype);

@@ -78,7 +78,7 @@ copyto_run(copyto_call *c)
     cl_op_use(&c->op, c->dst);
     cl_op_use(&c->op, src);
     if (cl_out_needs_copy(c->dst, src)) {
-        aside = cl_array_contiguous_copy(st, c->op.func, src, src->dtype);
+        aside = cl_op_contiguous_copy(&c->op, src, src->dtype);
         if (aside == NULL) {
             return -1;
         }

@@ -67,6 +67,13 @@ cl_op_use(cl_op *op, const DeviceArray *a)
 /* A new result array on the op's device (see cl_array_new). */
 DeviceArray *cl_op_new(cl_op *op, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
                        cl_dtype dtype);
+/* Copies an op makes inside its frame (after cl_op_begin), on op->stream,
+ * of arrays on the op's device (every array it checked or made is): no
+ * device to enter, and both arrays are noted as used on the stream.
+ * dst (any layout, src's shape) <- src, converting the dtype: */
+int cl_op_copy_into(cl_op *op, DeviceArray *dst, const DeviceArray *src);
+/* A new C-contiguous copy of `a` in `dtype`. */
+DeviceArray *cl_op_contiguous_copy(cl_op *op, DeviceArray *a, cl_dtype dtype);
 #define CL_OP_PROFILING(op) CL_PROF_ACTIVE(&(op)->prof)
 /* Close the profiler record (`info` NULL or `result` NULL: the op failed or
  * nothing to say) and restore the caller's device. Returns `result`. */

@@ -836,7 +836,7 @@ ew_launch(ew_call *c, DeviceArray **tmp, DeviceArray **result)
         }
         cl_dtype want = operand_dtype(c, k);
         if (a->dtype != want || (direct && cl_out_needs_copy(c->out, a))) {
-            if ((tmp[k] = cl_array_contiguous_copy(st, c->op.func, a, want)) == NULL) {
+            if ((tmp[k] = cl_op_contiguous_copy(&c->op, a, want)) == NULL) {
                 return -1;
             }
             a = tmp[k];
@@ -865,7 +865,7 @@ ew_launch(ew_call *c, DeviceArray **tmp, DeviceArray **result)
         CL_CUDA_CHECK(st, cl_elementwise(c->kop, c->r, (*result)->data, out_strides, c->nd, shape,
                                          in, &alpha, c->op.stream));
     }
-    return c->out != NULL && !direct ? cl_array_copy_into(st, c->out, *result) : 0;
+    return c->out != NULL && !direct ? cl_op_copy_into(&c->op, c->out, *result) : 0;
 fail:
     return -1;
 }

@@ -278,13 +278,12 @@ fail:
 static PyObject *
 reduce_finish(reduce_call *rc, DeviceArray *tmp)
 {
-    cl_state *st = rc->op.st;
     if (tmp == NULL) {
         return Py_NewRef(rc->out);
     }
     DeviceArray *result = (DeviceArray *)Py_NewRef(tmp);
     if (rc->final != rc->nat) {
-        Py_SETREF(result, cl_array_contiguous_copy(st, rc->op.func, tmp, rc->final));
+        Py_SETREF(result, cl_op_contiguous_copy(&rc->op, tmp, rc->final));
         if (result == NULL) {
             return NULL;
         }
@@ -292,7 +291,7 @@ reduce_finish(reduce_call *rc, DeviceArray *tmp)
     if (rc->out == NULL) {
         return (PyObject *)result;
     }
-    int status = cl_array_copy_into(st, rc->out, result);
+    int status = cl_op_copy_into(&rc->op, rc->out, result);
     Py_DECREF(result);
     return status < 0 ? NULL : Py_NewRef(rc->out);
 }
@@ -309,7 +308,7 @@ reduce_run(reduce_call *rc)
     const bool c_order = rc->spec->op == CL_REDUCE_ARGMAX;
     cl_reduce_desc d;
     if (rc->kdtype != a->dtype || !describe(a, rc->axis, c_order, &d)) {
-        copy = cl_array_contiguous_copy(op->st, op->func, a, rc->kdtype);
+        copy = cl_op_contiguous_copy(op, a, rc->kdtype);
         if (copy == NULL) {
             goto done;
         }
@@ -489,8 +488,7 @@ softmax_axis_last(cl_op *op, const DeviceArray *a, int axis, DeviceArray *dst,
         strides[k++] = a->strides[from];
     }
     DeviceArray *view = cl_array_view(op->st, (DeviceArray *)a, a->data, nd, shape, strides);
-    DeviceArray *tmp = view == NULL ? NULL
-                                    : cl_array_contiguous_copy(op->st, op->func, view, a->dtype);
+    DeviceArray *tmp = view == NULL ? NULL : cl_op_contiguous_copy(op, view, a->dtype);
     Py_XDECREF(view);
     if (tmp == NULL) {
         return -1;
@@ -508,7 +506,7 @@ softmax_axis_last(cl_op *op, const DeviceArray *a, int axis, DeviceArray *dst,
     int status = -1;
     CL_CUDA_CHECK(op->st, cl_softmax(d, op->stream));
     view = cl_array_view(op->st, tmp, tmp->data, nd, a->shape, back);
-    status = view == NULL ? -1 : cl_array_copy_into(op->st, dst, view);
+    status = view == NULL ? -1 : cl_op_copy_into(op, dst, view);
     Py_XDECREF(view);
 fail:
     Py_DECREF(tmp); /* freed on the stream, after the work that reads it */
