@@ -2,7 +2,6 @@
  *
  *   array.c     the type: attributes, views, indexing, reshape, copies
  *   creation.c  constructors and host <-> device copies
- *   dtype.c     NumPy dtype <-> cl_dtype
  *   interop.c   DLPack and the CUDA Array Interface, both ways
  */
 #ifndef CUDALAB_ARRAY_ARRAY_H
@@ -50,7 +49,6 @@ extern PyType_Spec cl_DeviceArray_spec;
 #define CL_IS_DEVICEARRAY(state, obj) (Py_TYPE(obj) == (state)->DeviceArray_Type)
 
 Py_ssize_t cl_array_size(const DeviceArray *a);
-size_t cl_itemsize(cl_dtype dtype);
 bool cl_is_c_contiguous(const DeviceArray *a);
 bool cl_is_f_contiguous(const DeviceArray *a);
 /* Dense with positive strides in some axis order: its bytes are exactly
@@ -83,30 +81,10 @@ DeviceArray *cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl
 PyObject *cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out,
                            bool non_blocking);
 
-/* ---- dtype (dtype.c) ----------------------------------------------------- */
-
-int cl_dtype_init(PyObject *module, cl_state *st);
-/* NumPy descr -> cl_dtype; -1 if unsupported (no exception set). */
-int cl_dtype_from_descr(cl_state *st, PyArray_Descr *descr);
-/* Any dtype-like object -> cl_dtype; raises TypeError naming func/param. */
-int cl_dtype_converter(cl_state *st, PyObject *obj, const char *func, const char *param,
-                       cl_dtype *out);
-const char *cl_dtype_name(cl_dtype dtype);
-/* np.can_cast(from, to, "same_kind"). */
-bool cl_can_cast_same_kind(cl_dtype from, cl_dtype to);
-PyObject *cl_supported_dtypes_text(void);
-/* `x` as one element of integer dtype `dtype` (int8 .. int64, not bool),
- * written to `out`, by the device's saturating rule (cuda/dtype_convert.cuh):
- * truncate toward zero, clamp to the dtype's range, NaN -> 0. */
-void cl_float_to_int_bytes(double x, cl_dtype dtype, void *out);
-
 /* ---- creation (creation.c) ----------------------------------------------- */
 
 extern PyMethodDef cl_creation_methods[];
 extern PyMethodDef cl_copyto_methods[]; /* array/copyto.c */
-/* Parse a shape argument (int or sequence of ints). */
-int cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
-                   Py_ssize_t *shape);
 
 /* ---- interop (interop.c): DLPack and the CUDA Array Interface -------------- */
 

@@ -14,8 +14,6 @@
 /* ---- devices (device.c) -------------------------------------------------- */
 
 extern PyMethodDef cl_device_methods[];
-/* Number of usable devices (0 without GPU or driver); never raises. */
-int cl_device_count(cl_state *st);
 /* 0 when a device exists, else raises NoDeviceError naming func. */
 int cl_require_device(cl_state *st, const char *func);
 /* Parse an optional `device` argument (None = current). Validates before
@@ -36,8 +34,6 @@ void cl_device_exit(int device, int previous);
 /* cl_device_enter for code that cannot raise (deallocators, threads without
  * the GIL): errors are cleared, and the result goes to cl_device_exit. */
 int cl_device_enter_quiet(int device);
-/* Parse an index argument: Python int (not bool), returned as Py_ssize_t. */
-int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out);
 
 /* ---- streams (stream.c) -------------------------------------------------- */
 
