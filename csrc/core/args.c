@@ -5,7 +5,7 @@
  * and keyword arguments onto named slots and leaves conversion to callers,
  * which is where the "<func>() argument '<param>'" messages come from.
  * cl_parse_real is the one conversion of a real-number argument. */
-#include "cudalab.h"
+#include "core/core.h"
 
 #include <math.h>
 

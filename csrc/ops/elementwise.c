@@ -24,7 +24,11 @@
  * no CUDA call) -> run (the op frame's begin, casts, the kernel, end). The
  * hot path (arrays of one dtype, `out` given) makes no Python calls and no
  * heap allocations. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 /* ---- promotion tables (order of cl_dtype: b i8 u8 i32 i64 f16 bf16 f32 f64) ---- */
 

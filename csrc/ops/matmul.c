@@ -49,7 +49,12 @@
  * Backends. float64 goes to cublasGemmStridedBatchedEx_64 directly (see
  * use_lt): that is the library path torch.mm takes for doubles; the private
  * _set_matmul_backend(dtype, 'lt'|'cublas') switches a dtype for benchmarks. */
+#include "ops/ops.h"
 #include "ops/matmul.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #include <stdatomic.h>
 

@@ -2,7 +2,7 @@
  * CL_REDUCE_OPS table of cuda/kernels.h), and softmax / log_softmax along one
  * axis.
  *
- * Every entry point runs on the op frame (core/op_frame.h) in three steps:
+ * Every entry point runs on the op frame (frame/frame.h) in three steps:
  * parse (every argument checked before the GPU is touched, the non-array
  * ones first, so that their errors can be tested without a device), plan
  * (result shape and dtypes, out=), run (on the device).
@@ -17,7 +17,11 @@
  * of bool and integers -> float64, float16/bfloat16 accumulate in float32 and
  * return their own dtype. `dtype=` casts the input to that dtype first and
  * returns that dtype, as NumPy does. out= takes the result cast to its dtype. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #define AXIS_ALL (-1)
 

@@ -2,7 +2,8 @@
  * set_device, synchronize, runtime/driver versions and the raw properties
  * behind cudalab.get_device_properties. Nothing here raises without a GPU
  * except the calls that need one (NoDeviceError). */
-#include "cudalab.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 int
 cl_require_device(cl_state *st, const char *func)

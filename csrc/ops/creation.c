@@ -4,7 +4,12 @@
  * Every argument is checked before the GPU is touched, so argument errors
  * are the same with or without a device; then cl_require_device raises
  * NoDeviceError on a machine without one. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 #define DEFAULT_DTYPE CL_FLOAT32 /* like torch: float32 unless asked otherwise */
 

@@ -1,6 +1,10 @@
-/* The op frame (op_frame.h): argument checks shared by every op, and the
+/* The op frame (frame.h): argument checks shared by every op, and the
  * enter / profile / leave bracket around its GPU work. */
-#include "cudalab.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 void
 cl_op_init(cl_op *op, cl_state *st, const char *func)

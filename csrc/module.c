@@ -50,7 +50,7 @@ cl_exec(PyObject *module)
         return -1;
     }
 
-    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st) < 0 ||
+    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st, cl_graph_replay) < 0 ||
         cl_dist_init(module, st) < 0) {
         return -1;
     }

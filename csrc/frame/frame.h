@@ -1,4 +1,5 @@
-/* The op frame: the steps every op entry point shares, written once.
+/* frame/: the op frame, the steps every op entry point shares, written once
+ * (op_frame.c), with the copies an op makes inside it.
  *
  *     cl_op op;
  *     cl_op_init(&op, st, "add");
@@ -16,10 +17,9 @@
  * argument raises the same way on a machine without a GPU. After a
  * successful cl_op_begin, cl_op_end must run on every path (it closes the
  * profiler record and puts the caller's device back). */
-#ifndef CUDALAB_CORE_OP_FRAME_H
-#define CUDALAB_CORE_OP_FRAME_H
+#ifndef CUDALAB_FRAME_FRAME_H
+#define CUDALAB_FRAME_FRAME_H
 
-#include "core/core.h"
 #include "array/array.h"
 #include "prof/prof.h"
 
@@ -90,4 +90,4 @@ bool cl_arrays_overlap(const DeviceArray *a, const DeviceArray *b);
  * not exactly `out`, element for element. */
 bool cl_out_needs_copy(const DeviceArray *out, const DeviceArray *a);
 
-#endif /* CUDALAB_CORE_OP_FRAME_H */
+#endif /* CUDALAB_FRAME_FRAME_H */
