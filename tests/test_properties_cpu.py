@@ -203,7 +203,7 @@ def test_ml_dtypes_rounds_to_bfloat16_through_float32():
 
 
 def test_numpy_same_kind_casts_match_cudalab_table():
-    """The table in csrc/array/dtype.c (copyto, out=) is NumPy's can_cast(same_kind)."""
+    """The table in csrc/core/dtype.c (copyto, out=) is NumPy's can_cast(same_kind)."""
     refused = {(a.name, b.name) for a in DTYPES for b in DTYPES if not P.can_cast(a, b)}
     assert ("float32", "int32") in refused and ("int8", "uint8") in refused
     assert ("bfloat16", "float16") in refused and ("float16", "bfloat16") not in refused

@@ -1,10 +1,11 @@
-/* array/: the DeviceArray type and everything that makes or converts one.
+/* array/: the DeviceArray object, below everything that computes with it.
  *
- *   array.c     the type: attributes, views, indexing, reshape, copies
- *   creation.c  constructors and host <-> device copies
- *   dtype.c     NumPy dtype <-> cl_dtype
- *   interop.c   DLPack and the CUDA Array Interface, both ways
- */
+ *   array.c     its layout, allocation from the pool, views and wrappers of
+ *               foreign memory, the streams it was used on, its lifetime
+ *
+ * The Python type built on it (attributes, methods, indexing, the number
+ * protocol) is ../devicearray.c, at the top; the copies and constructors
+ * that run as ops are in ops/. */
 #ifndef CUDALAB_ARRAY_ARRAY_H
 #define CUDALAB_ARRAY_ARRAY_H
 
@@ -45,12 +46,9 @@ typedef struct DeviceArray {
     PyObject *host_keepalive;
 } DeviceArray;
 
-extern PyType_Spec cl_DeviceArray_spec;
-
 #define CL_IS_DEVICEARRAY(state, obj) (Py_TYPE(obj) == (state)->DeviceArray_Type)
 
 Py_ssize_t cl_array_size(const DeviceArray *a);
-size_t cl_itemsize(cl_dtype dtype);
 bool cl_is_c_contiguous(const DeviceArray *a);
 bool cl_is_f_contiguous(const DeviceArray *a);
 /* Dense with positive strides in some axis order: its bytes are exactly
@@ -74,56 +72,16 @@ DeviceArray *cl_array_view(cl_state *st, DeviceArray *src, char *data, int ndim,
  * imports); keeps `base` alive and never frees the memory itself. */
 DeviceArray *cl_array_wrap(cl_state *st, PyObject *base, char *data, int device, cl_dtype dtype,
                            int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides);
-/* dst (any layout, same shape) <- src with dtype conversion, on the current stream. */
-int cl_array_copy_into(cl_state *st, DeviceArray *dst, const DeviceArray *src);
-/* C-contiguous copy of `a` in `dtype`, on a's device. */
-DeviceArray *cl_array_contiguous_copy(cl_state *st, const char *func, DeviceArray *a,
-                                      cl_dtype dtype);
-/* The same as a user-visible op (copy, astype, ascontiguousarray, asarray of a
- * device array to another dtype): profiled and NVTX-marked as `func`. */
-DeviceArray *cl_array_copy_op(cl_state *st, const char *func, DeviceArray *a, cl_dtype dtype);
-/* get() and asnumpy(): `a` copied to a new NumPy array, or into `out` (NULL:
- * none), checked and named as `func`. Asynchronous only with non_blocking and
- * a pinned `out`; a copy that must wait is refused during graph capture. */
-PyObject *cl_array_to_host(cl_state *st, const char *func, DeviceArray *a, PyObject *out,
-                           bool non_blocking);
 
-/* ---- dtype (dtype.c) ----------------------------------------------------- */
+/* Record that `a`'s memory is used on `s` (on its root owner), so its free
+ * waits for `s`'s work. Never raises. */
+void cl_array_note_stream(const DeviceArray *a, cudaStream_t s);
 
-int cl_dtype_init(PyObject *module, cl_state *st);
-/* NumPy descr -> cl_dtype; -1 if unsupported (no exception set). */
-int cl_dtype_from_descr(cl_state *st, PyArray_Descr *descr);
-/* Any dtype-like object -> cl_dtype; raises TypeError naming func/param. */
-int cl_dtype_converter(cl_state *st, PyObject *obj, const char *func, const char *param,
-                       cl_dtype *out);
-const char *cl_dtype_name(cl_dtype dtype);
-/* np.can_cast(from, to, "same_kind"). */
-bool cl_can_cast_same_kind(cl_dtype from, cl_dtype to);
-PyObject *cl_supported_dtypes_text(void);
-/* `x` as one element of integer dtype `dtype` (int8 .. int64, not bool),
- * written to `out`, by the device's saturating rule (cuda/dtype_convert.cuh):
- * truncate toward zero, clamp to the dtype's range, NaN -> 0. */
-void cl_float_to_int_bytes(double x, cl_dtype dtype, void *out);
-
-/* ---- creation (creation.c) ----------------------------------------------- */
-
-extern PyMethodDef cl_creation_methods[];
-extern PyMethodDef cl_copyto_methods[]; /* array/copyto.c */
-/* Parse a shape argument (int or sequence of ints). */
-int cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
-                   Py_ssize_t *shape);
-
-/* ---- interop (interop.c): DLPack and the CUDA Array Interface -------------- */
-
-/* DeviceArray.__cuda_array_interface__, __dlpack__, __dlpack_device__. */
-PyObject *cl_array_cuda_array_interface(DeviceArray *self, void *closure);
-PyObject *cl_array_dlpack(DeviceArray *self, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames);
-PyObject *cl_array_dlpack_device(DeviceArray *self, PyObject *unused);
-/* asarray's import of a foreign device array (DLPack producer on a CUDA
- * device, else __cuda_array_interface__): 1 with *out set, 0 when `obj` is
- * neither (nothing raised), -1 on error. */
-int cl_import_device_object(cl_state *st, PyObject *obj, const char *func, PyObject **out);
-extern PyMethodDef cl_interop_methods[]; /* array/interop.c */
+/* The type's tp_traverse, tp_clear and tp_dealloc: an owner's memory goes
+ * back to the pool on its stream after the streams it was used on (or to
+ * the CUDA graph that owns it). */
+int cl_array_traverse(DeviceArray *self, visitproc visit, void *arg);
+int cl_array_clear(DeviceArray *self);
+void cl_array_dealloc(DeviceArray *self);
 
 #endif /* CUDALAB_ARRAY_ARRAY_H */

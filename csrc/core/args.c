@@ -5,7 +5,7 @@
  * and keyword arguments onto named slots and leaves conversion to callers,
  * which is where the "<func>() argument '<param>'" messages come from.
  * cl_parse_real is the one conversion of a real-number argument. */
-#include "cudalab.h"
+#include "core/core.h"
 
 #include <math.h>
 
@@ -82,5 +82,55 @@ cl_parse_real(PyObject *obj, const char *func, const char *param, double *out)
         return cl_arg_error(PyExc_ValueError, func, param, "must be finite, got %R", obj);
     }
     *out = v;
+    return 0;
+}
+
+int
+cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out)
+{
+    if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
+        return cl_expected_type_error(func, param, "an int", obj);
+    }
+    Py_ssize_t value = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return cl_arg_error(PyExc_ValueError, func, param, "%R is out of range", obj);
+    }
+    *out = value;
+    return 0;
+}
+
+int
+cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
+               Py_ssize_t *shape)
+{
+    if (!PyBool_Check(obj) && PyIndex_Check(obj) && !PyArray_Check(obj)) {
+        *ndim = 1;
+        if (cl_parse_index(obj, func, param, &shape[0]) < 0) {
+            return -1;
+        }
+    }
+    else if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+        if (n > CL_MAX_NDIM) {
+            return cl_arg_error(PyExc_ValueError, func, param,
+                                "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM);
+        }
+        *ndim = (int)n;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (cl_parse_index(PySequence_Fast_GET_ITEM(obj, i), func, param, &shape[i]) < 0) {
+                return -1;
+            }
+        }
+    }
+    else {
+        return cl_expected_type_error(func, param, "an int or a tuple of ints", obj);
+    }
+    for (int i = 0; i < *ndim; i++) {
+        if (shape[i] < 0) {
+            return cl_arg_error(PyExc_ValueError, func, param,
+                                "negative dimensions are not allowed, got %zd", shape[i]);
+        }
+    }
     return 0;
 }

@@ -1,9 +1,9 @@
 /* core/: what every other part of the extension stands on.
  *
- *   module.c    PEP 489 multi-phase init, the module state, the function table
+ *   state.c     the module state's accessors and its device count
  *   errors.c    the exception hierarchy and the helpers that raise it
- *   args.c      FASTCALL argument parsing
- *   op_frame.c  the steps every op entry point shares (op_frame.h)
+ *   args.c      FASTCALL argument parsing, ints, reals and shapes
+ *   dtype.c     NumPy dtype <-> cl_dtype, item sizes, the casting table
  */
 #ifndef CUDALAB_CORE_CORE_H
 #define CUDALAB_CORE_CORE_H
@@ -79,8 +79,11 @@ typedef struct cl_state {
     struct cl_prof_state *prof;
 } cl_state;
 
+/* state.c (module.c creates and fills the state) */
 cl_state *cl_state_from_module(PyObject *module);
 cl_state *cl_state_from_type(PyTypeObject *type);
+/* Number of usable devices (0 without GPU or driver), asked once; never raises. */
+int cl_device_count(cl_state *st);
 
 /* ---- errors (errors.c) --------------------------------------------------- */
 
@@ -130,6 +133,11 @@ int cl_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyO
 /* A finite real number (int, float, NumPy real scalar; not complex or str):
  * TypeError or ValueError naming func and param otherwise. */
 int cl_parse_real(PyObject *obj, const char *func, const char *param, double *out);
+/* Parse an index argument: Python int (not bool), returned as Py_ssize_t. */
+int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out);
+/* Parse a shape argument (int or sequence of ints). */
+int cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
+                   Py_ssize_t *shape);
 
 /* A METH_FASTCALL | METH_KEYWORDS table entry for function `name` with docstring `name##_doc`. */
 #define CL_FASTCALL(name) \
@@ -141,6 +149,24 @@ int cl_parse_real(PyObject *obj, const char *func, const char *param, double *ou
         Py_BEGIN_ALLOW_THREADS stmt;                                              \
         Py_END_ALLOW_THREADS                                                      \
     } while (0)
+
+/* ---- dtype (dtype.c) ----------------------------------------------------- */
+
+int cl_dtype_init(PyObject *module, cl_state *st);
+/* NumPy descr -> cl_dtype; -1 if unsupported (no exception set). */
+int cl_dtype_from_descr(cl_state *st, PyArray_Descr *descr);
+/* Any dtype-like object -> cl_dtype; raises TypeError naming func/param. */
+int cl_dtype_converter(cl_state *st, PyObject *obj, const char *func, const char *param,
+                       cl_dtype *out);
+const char *cl_dtype_name(cl_dtype dtype);
+size_t cl_itemsize(cl_dtype dtype);
+/* np.can_cast(from, to, "same_kind"). */
+bool cl_can_cast_same_kind(cl_dtype from, cl_dtype to);
+PyObject *cl_supported_dtypes_text(void);
+/* `x` as one element of integer dtype `dtype` (int8 .. int64, not bool),
+ * written to `out`, by the device's saturating rule (cuda/dtype_convert.cuh):
+ * truncate toward zero, clamp to the dtype's range, NaN -> 0. */
+void cl_float_to_int_bytes(double x, cl_dtype dtype, void *out);
 
 /* Dtype classes, one definition for every file. */
 static inline bool

@@ -10,7 +10,7 @@
  *
  * Bad arguments are plain TypeError/ValueError whose message starts with
  * "<func>() argument '<param>': ". */
-#include "cudalab.h"
+#include "core/core.h"
 #include <stdarg.h>
 #include <stdlib.h>
 

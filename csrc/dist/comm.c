@@ -25,7 +25,12 @@
  * frees the communicator under a call that is still using it; a call stuck
  * inside NCCL (waiting for a dead peer) is what ncclCommAbort is for, so the
  * watchdog waits for the lock only a bounded time. `lock` guards the ring. */
-#include "cudalab.h"
+#include "dist/dist.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>

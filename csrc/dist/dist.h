@@ -14,7 +14,7 @@
 #ifndef CUDALAB_DIST_DIST_H
 #define CUDALAB_DIST_DIST_H
 
-#include "core/op_frame.h"
+#include "core/core.h"
 
 typedef struct cl_nccl_comm_opaque *cl_nccl_comm_t;
 #define CL_NCCL_UNIQUE_ID_BYTES 128

@@ -5,8 +5,9 @@
  * _nccl_load(), which dlopens the first that resolves every symbol and
  * falls back to the system's libnccl.so.2. The table is process-wide, like
  * the library itself: one process loads NCCL once, whatever the number of
- * communicators (and the module is single-interpreter, core/module.c). */
-#include "cudalab.h"
+ * communicators (and the module is single-interpreter, module.c). */
+#include "dist/dist.h"
+#include "core/core.h"
 #include <dlfcn.h>
 #include <limits.h>
 #include <string.h>

@@ -33,7 +33,12 @@
  * The GEMMs' cuBLASLt plans are made at compile time and owned by the
  * program, so a run is only kernel launches and cublasLtMatmul calls on the
  * current stream: capturable in a CUDA graph, nothing allocated. */
+#include "ops/ops.h"
 #include "ops/matmul.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #include <stdlib.h>
 

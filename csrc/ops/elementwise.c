@@ -24,7 +24,11 @@
  * no CUDA call) -> run (the op frame's begin, casts, the kernel, end). The
  * hot path (arrays of one dtype, `out` given) makes no Python calls and no
  * heap allocations. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 /* ---- promotion tables (order of cl_dtype: b i8 u8 i32 i64 f16 bf16 f32 f64) ---- */
 
@@ -836,7 +840,7 @@ ew_launch(ew_call *c, DeviceArray **tmp, DeviceArray **result)
         }
         cl_dtype want = operand_dtype(c, k);
         if (a->dtype != want || (direct && cl_out_needs_copy(c->out, a))) {
-            if ((tmp[k] = cl_array_contiguous_copy(st, c->op.func, a, want)) == NULL) {
+            if ((tmp[k] = cl_op_contiguous_copy(&c->op, a, want)) == NULL) {
                 return -1;
             }
             a = tmp[k];
@@ -865,7 +869,7 @@ ew_launch(ew_call *c, DeviceArray **tmp, DeviceArray **result)
         CL_CUDA_CHECK(st, cl_elementwise(c->kop, c->r, (*result)->data, out_strides, c->nd, shape,
                                          in, &alpha, c->op.stream));
     }
-    return c->out != NULL && !direct ? cl_array_copy_into(st, c->out, *result) : 0;
+    return c->out != NULL && !direct ? cl_op_copy_into(&c->op, c->out, *result) : 0;
 fail:
     return -1;
 }

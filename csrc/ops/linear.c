@@ -94,7 +94,12 @@
  * plan from matmul_plan.c's cache, one cublasLtMatmul).
  * All of it is asynchronous on the current stream and capturable in a graph
  * once the plan is cached. */
+#include "ops/ops.h"
 #include "ops/matmul.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2 };
 

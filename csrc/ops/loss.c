@@ -10,7 +10,11 @@
  * for the per-row losses of a reduced loss, one launcher call). Nothing
  * here reads device memory: a bad label is found on the device and gives a
  * NaN loss, so the call never synchronizes and can be captured in a graph. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 typedef struct ce_call {
     cl_op op;

@@ -27,7 +27,7 @@
  *   column-major (e.g. x.T):            rs == 1, cs >= R  -> CUBLAS_OP_T, ld = cs
  * (axes of extent 1 impose nothing). Any other layout, and any negative
  * stride (cuBLAS wants positive leading dimensions and batch strides), is
- * first made C-contiguous with cl_array_contiguous_copy.
+ * first made C-contiguous with cl_op_contiguous_copy.
  *
  * Batches. The output's batch axes of extent > 1 are split into an inner run
  * that every operand addresses with one constant stride (0 for a broadcast
@@ -49,7 +49,12 @@
  * Backends. float64 goes to cublasGemmStridedBatchedEx_64 directly (see
  * use_lt): that is the library path torch.mm takes for doubles; the private
  * _set_matmul_backend(dtype, 'lt'|'cublas') switches a dtype for benchmarks. */
+#include "ops/ops.h"
 #include "ops/matmul.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #include <stdatomic.h>
 
@@ -241,7 +246,7 @@ operand_make_contiguous(mm_problem *p, operand *o, const Py_ssize_t *bshape)
         }
         src = view;
     }
-    DeviceArray *copy = cl_array_contiguous_copy(st, p->op.func, src, src->dtype);
+    DeviceArray *copy = cl_op_contiguous_copy(&p->op, src, src->dtype);
     Py_XDECREF(view);
     if (copy == NULL) {
         return -1;
@@ -854,7 +859,7 @@ do_matmul(cl_state *st, const char *func, PyObject *a_obj, PyObject *b_obj, PyOb
     cl_op_use(&p.op, p.out);
     DeviceArray *result = NULL, *target = NULL;
     if (matmul_targets(&p, &result, &target) < 0 || matmul_compute(&p, target) < 0 ||
-        (target != result && cl_array_copy_into(st, result, target) < 0)) {
+        (target != result && cl_op_copy_into(&p.op, result, target) < 0)) {
         Py_CLEAR(result);
     }
     matmul_end(&p, result);

@@ -12,7 +12,7 @@
 #ifndef CUDALAB_OPS_MATMUL_H
 #define CUDALAB_OPS_MATMUL_H
 
-#include "cudalab.h"
+#include "core/core.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>

@@ -27,6 +27,8 @@
  * Such a plan never falls back to cuBLAS: cl_mm_uses_lt says whether
  * cuBLASLt took it, and cl_mm_run_args refuses to drop the epilogue. */
 #include "ops/matmul.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -18,7 +18,11 @@
  * of one call are equally long and element i of each has one shape.
  * Checks, all before the GPU is touched, in this order: hyper-parameters,
  * the lists (type, then lengths), the device scalars, then every array. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #include <limits.h>
 

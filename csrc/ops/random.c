@@ -12,7 +12,11 @@
  * frame, and so the profiler record and device errors, use the qualified
  * name ("random.normal"). Every argument is checked before the GPU is
  * touched. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #include <math.h>
 

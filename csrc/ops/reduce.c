@@ -2,7 +2,7 @@
  * CL_REDUCE_OPS table of cuda/kernels.h), and softmax / log_softmax along one
  * axis.
  *
- * Every entry point runs on the op frame (core/op_frame.h) in three steps:
+ * Every entry point runs on the op frame (frame/frame.h) in three steps:
  * parse (every argument checked before the GPU is touched, the non-array
  * ones first, so that their errors can be tested without a device), plan
  * (result shape and dtypes, out=), run (on the device).
@@ -17,7 +17,11 @@
  * of bool and integers -> float64, float16/bfloat16 accumulate in float32 and
  * return their own dtype. `dtype=` casts the input to that dtype first and
  * returns that dtype, as NumPy does. out= takes the result cast to its dtype. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 #define AXIS_ALL (-1)
 
@@ -280,13 +284,12 @@ fail:
 static PyObject *
 reduce_finish(reduce_call *rc, DeviceArray *tmp)
 {
-    cl_state *st = rc->op.st;
     if (tmp == NULL) {
         return Py_NewRef(rc->out);
     }
     DeviceArray *result = (DeviceArray *)Py_NewRef(tmp);
     if (rc->final != rc->nat) {
-        Py_SETREF(result, cl_array_contiguous_copy(st, rc->op.func, tmp, rc->final));
+        Py_SETREF(result, cl_op_contiguous_copy(&rc->op, tmp, rc->final));
         if (result == NULL) {
             return NULL;
         }
@@ -294,7 +297,7 @@ reduce_finish(reduce_call *rc, DeviceArray *tmp)
     if (rc->out == NULL) {
         return (PyObject *)result;
     }
-    int status = cl_array_copy_into(st, rc->out, result);
+    int status = cl_op_copy_into(&rc->op, rc->out, result);
     Py_DECREF(result);
     return status < 0 ? NULL : Py_NewRef(rc->out);
 }
@@ -311,7 +314,7 @@ reduce_run(reduce_call *rc)
     const bool c_order = rc->spec->op == CL_REDUCE_ARGMAX;
     cl_reduce_desc d;
     if (rc->kdtype != a->dtype || !describe(a, rc->axis, c_order, &d)) {
-        copy = cl_array_contiguous_copy(op->st, op->func, a, rc->kdtype);
+        copy = cl_op_contiguous_copy(op, a, rc->kdtype);
         if (copy == NULL) {
             goto done;
         }
@@ -491,8 +494,7 @@ softmax_axis_last(cl_op *op, const DeviceArray *a, int axis, DeviceArray *dst,
         strides[k++] = a->strides[from];
     }
     DeviceArray *view = cl_array_view(op->st, (DeviceArray *)a, a->data, nd, shape, strides);
-    DeviceArray *tmp = view == NULL ? NULL
-                                    : cl_array_contiguous_copy(op->st, op->func, view, a->dtype);
+    DeviceArray *tmp = view == NULL ? NULL : cl_op_contiguous_copy(op, view, a->dtype);
     Py_XDECREF(view);
     if (tmp == NULL) {
         return -1;
@@ -510,7 +512,7 @@ softmax_axis_last(cl_op *op, const DeviceArray *a, int axis, DeviceArray *dst,
     int status = -1;
     CL_CUDA_CHECK(op->st, cl_softmax(d, op->stream));
     view = cl_array_view(op->st, tmp, tmp->data, nd, a->shape, back);
-    status = view == NULL ? -1 : cl_array_copy_into(op->st, dst, view);
+    status = view == NULL ? -1 : cl_op_copy_into(op, dst, view);
     Py_XDECREF(view);
 fail:
     Py_DECREF(tmp); /* freed on the stream, after the work that reads it */

@@ -1,11 +1,15 @@
 /* transpose(a, method="best"): a new C-contiguous array holding a.T for a
  * 2-D array, through one of the teaching kernels of cuda/transpose.cu.
  *
- * On the op frame (core/op_frame.h): the arguments are checked before the
+ * On the op frame (frame/frame.h): the arguments are checked before the
  * GPU is touched, `method` first (it needs no array). The input may be any
  * 2-D view (strides of any sign): the kernels address it through its own
  * strides, so no intermediate contiguous copy is made. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 /* The fixed, documented set of methods, in cl_transpose_method order. */
 static const char *const method_names[CL_TRANSPOSE_NUM_METHODS] = {

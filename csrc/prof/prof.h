@@ -1,8 +1,9 @@
 /* prof/: measuring what the extension does.
  *
  *   profiler.c  the op profiler (cudalab.profiler) and NVTX ranges
- *   timing.c    kernels for the measurement harness (spin, empty launch)
- */
+ *
+ * (The measurement harness's kernels, spin and empty launch, are ops:
+ * ops/timing.c.) */
 #ifndef CUDALAB_PROF_PROF_H
 #define CUDALAB_PROF_PROF_H
 
@@ -95,7 +96,5 @@ cl_prof_nbytes(const DeviceArray *a)
 
 int cl_profiler_init(PyObject *module, cl_state *st);
 void cl_profiler_free(cl_state *st);
-
-extern PyMethodDef cl_timing_methods[]; /* prof/timing.c */
 
 #endif /* CUDALAB_PROF_PROF_H */

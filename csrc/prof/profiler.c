@@ -1,7 +1,7 @@
 /* The op profiler behind cudalab.profiler, and NVTX ranges.
  *
  * Hooks. Every op entry point brackets its work with cl_prof_begin /
- * cl_prof_end (cudalab.h shows the pattern; python/cudalab/profiler.py lists
+ * cl_prof_end (prof/prof.h shows the pattern; python/cudalab/profiler.py lists
  * the ops). st->prof_flags holds two bits:
  *
  *   CL_PROF_RECORD  set while a cudalab.profiler.profile() records;
@@ -42,7 +42,10 @@
  * per device as the uncertainty). cudaEventElapsedTime returns float
  * milliseconds with about 0.5 us resolution, so durations are good to about
  * 0.5 us and placement loses about 1 us more per 16 s of profile. */
-#include "cudalab.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 #include <time.h>
 

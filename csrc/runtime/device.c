@@ -2,45 +2,13 @@
  * set_device, synchronize, runtime/driver versions and the raw properties
  * behind cudalab.get_device_properties. Nothing here raises without a GPU
  * except the calls that need one (NoDeviceError). */
-#include "cudalab.h"
-
-int
-cl_device_count(cl_state *st)
-{
-    if (st->device_count < 0) {
-        int count = 0;
-        cudaError_t err = cudaGetDeviceCount(&count);
-        if (err != cudaSuccess) {
-            /* cudaErrorNoDevice, cudaErrorInsufficientDriver, ...: no GPU
-             * for us; remember why for the NoDeviceError message. */
-            (void)cudaGetLastError();
-            count = 0;
-        }
-        st->device_count_error = err;
-        st->device_count = count > CL_MAX_DEVICES ? CL_MAX_DEVICES : count;
-    }
-    return st->device_count;
-}
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 int
 cl_require_device(cl_state *st, const char *func)
 {
     return cl_device_count(st) > 0 ? 0 : cl_raise_no_device(st, func);
-}
-
-int
-cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out)
-{
-    if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
-        return cl_expected_type_error(func, param, "an int", obj);
-    }
-    Py_ssize_t value = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
-    if (value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return cl_arg_error(PyExc_ValueError, func, param, "%R is out of range", obj);
-    }
-    *out = value;
-    return 0;
 }
 
 int

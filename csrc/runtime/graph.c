@@ -1,4 +1,5 @@
-/* CUDA graphs: the CUDAGraph type. The capture context (cudalab.graph) is
+/* CUDA graphs: the CUDAGraph type (its replay() is an op: ops/graph.c, which
+ * module.c hands to cl_graph_init). The capture context (cudalab.graph) is
  * Python (streams.py) on top of capture_begin / capture_end / _abort_capture.
  *
  * Capture runs on a side stream in cudaStreamCaptureModeThreadLocal; the
@@ -21,7 +22,8 @@
  *   - it dies later: the graph keeps the address and frees it when the graph
  *     is reset or destroyed (after its last launch). Each array holds a
  *     reference to the graph, and reset() refuses while any is alive. */
-#include "cudalab.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -349,29 +351,32 @@ Graph_abort_capture(GraphObject *self, PyObject *unused)
 PyDoc_STRVAR(Graph_replay_doc,
 "replay()\n--\n\nLaunch the captured work on the current stream.");
 
-static PyObject *
-Graph_replay(GraphObject *self, PyObject *unused)
+/* replay() itself is an op (ops/graph.c): the frame around these two. */
+int
+cl_graph_replay_device(PyObject *graph, int *device)
 {
+    GraphObject *self = (GraphObject *)graph;
     if (self->exec == NULL) {
-        return graph_state_error(self, "replay",
-                                 self->capturing ? "the graph is still capturing"
-                                                 : "nothing captured yet (capture with "
-                                                   "`with cudalab.graph(g):` first)");
+        graph_state_error(self, "replay",
+                          self->capturing ? "the graph is still capturing"
+                                          : "nothing captured yet (capture with "
+                                            "`with cudalab.graph(g):` first)");
+        return -1;
     }
-    cl_op op;
-    cl_op_init(&op, cl_state_from_type(Py_TYPE(self)), "CUDAGraph.replay");
-    op.device = self->device;
-    if (cl_op_begin(&op) < 0) {
-        return NULL;
-    }
-    CL_CUDA_CHECK(op.st, cudaGraphLaunch(self->exec, op.stream));
+    *device = self->device;
+    return 0;
+}
+
+int
+cl_graph_launch(PyObject *graph, cudaStream_t stream)
+{
+    GraphObject *self = (GraphObject *)graph;
+    CL_CUDA_CHECK(cl_state_from_type(Py_TYPE(self)), cudaGraphLaunch(self->exec, stream));
     self->launched = true;
-    self->launch_stream = op.stream;
-    /* What the graph does is not known here: no dtype, bytes or FLOPs. */
-    cl_prof_info info = {.dtype = -1, .bytes = -1, .flops = -1, .out_ndim = -1};
-    return cl_op_end(&op, Py_NewRef(Py_None), &info);
+    self->launch_stream = stream;
+    return 0;
 fail:
-    return cl_op_end(&op, NULL, NULL);
+    return -1;
 }
 
 PyDoc_STRVAR(Graph_reset_doc,
@@ -418,7 +423,7 @@ static PyMethodDef Graph_methods[] = {
     {"capture_begin", (PyCFunction)Graph_capture_begin, METH_O, Graph_capture_begin_doc},
     {"capture_end", (PyCFunction)Graph_capture_end, METH_NOARGS, Graph_capture_end_doc},
     {"_abort_capture", (PyCFunction)Graph_abort_capture, METH_NOARGS, Graph_abort_capture_doc},
-    {"replay", (PyCFunction)Graph_replay, METH_NOARGS, Graph_replay_doc},
+    {"replay", NULL, METH_NOARGS, Graph_replay_doc}, /* cl_graph_init's `replay` */
     {"reset", (PyCFunction)Graph_reset, METH_NOARGS, Graph_reset_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -463,8 +468,13 @@ static PyType_Spec Graph_spec = {
 };
 
 int
-cl_graph_init(PyObject *module, cl_state *st)
+cl_graph_init(PyObject *module, cl_state *st, PyCFunction replay)
 {
+    for (PyMethodDef *m = Graph_methods; m->ml_name != NULL; m++) {
+        if (strcmp(m->ml_name, "replay") == 0) {
+            m->ml_meth = replay;
+        }
+    }
     st->CUDAGraph_Type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Graph_spec, NULL);
     if (st->CUDAGraph_Type == NULL ||
         PyModule_AddObjectRef(module, "CUDAGraph", (PyObject *)st->CUDAGraph_Type) < 0) {

@@ -7,7 +7,8 @@
  * driver does not count allocations, frees, OOMs or the bytes callers asked
  * for, so cl_device_state keeps those, and the per-process limit is enforced
  * on the requested bytes before the driver is asked. */
-#include "cudalab.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 /* Create the device's pool on first use. The device must be current. */
 static int

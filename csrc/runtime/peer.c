@@ -1,4 +1,5 @@
-/* Several GPUs in one process: peer access and copies between devices.
+/* Several GPUs in one process: peer access between devices (the copies
+ * themselves are ops, in ops/copy.c, which says how they are ordered).
  *
  * Peer access has two halves here. cudaDeviceEnablePeerAccess maps the
  * peer's ordinary allocations; memory from a stream-ordered pool, which is
@@ -6,17 +7,9 @@
  * (cudaMemPoolSetAccess). Without both, a copy between devices is staged
  * through host memory at a tenth of NVLink's speed. The first copy between
  * two devices turns both on (as torch enables peer access on its first
- * copy) unless disable_peer_access() said not to.
- *
- * A copy between devices is one cudaMemcpyPeerAsync. With peer access on,
- * the copy engines move the bytes over NVLink or PCIe directly; without it
- * the driver stages them through host memory. Either way it must be
- * ordered against both devices' work: it runs on the destination's current
- * stream after an event recorded on the source's current stream, and the
- * source's current stream then waits for the copy, so neither a later write
- * of the source nor its free can overtake the read (the same two-way
- * ordering torch's cross-device copy_ does). */
-#include "cudalab.h"
+ * copy) unless disable_peer_access() said not to. */
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 /* Let `device` reach `peer`'s memory (on: context and pool access) or not.
  * Returns 0, or -1 with an exception. */
@@ -47,11 +40,8 @@ fail:
     return -1;
 }
 
-/* Before the first copy from `peer` on `device`: turn access on where the
- * hardware allows it and nobody turned it off. Never raises: a copy that
- * cannot go direct is staged. */
-static void
-first_copy_access(cl_state *st, int device, int peer)
+void
+cl_peer_first_copy(cl_state *st, int device, int peer)
 {
     signed char *state = &st->devices[device].peer_access[peer];
     if (*state != CL_PEER_UNTOUCHED) {
@@ -67,76 +57,6 @@ first_copy_access(cl_state *st, int device, int peer)
         PyErr_Clear();
         *state = CL_PEER_NONE;
     }
-}
-
-int
-cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
-                        const DeviceArray *src)
-{
-    size_t nbytes = (size_t)cl_array_size(src) * cl_itemsize(src->dtype);
-    cudaStream_t src_stream = cl_current_stream_of(src->device);
-    int previous;
-    if (nbytes == 0) {
-        return 0;
-    }
-    /* The copy runs on dst's device, its engines reading src's memory. */
-    first_copy_access(st, dst->device, src->device);
-    if (cl_stream_wait_stream(st, dst_stream, src_stream, src->device) < 0 ||
-        cl_device_enter(st, dst->device, &previous) < 0) {
-        return -1;
-    }
-    cudaError_t err = cudaMemcpyPeerAsync(dst->data, dst->device, src->data, src->device, nbytes,
-                                          dst_stream);
-    cl_device_exit(dst->device, previous);
-    CL_CUDA_CHECK(st, err);
-    if (cl_stream_wait_stream(st, src_stream, dst_stream, dst->device) < 0) {
-        return -1;
-    }
-    cl_array_note_stream(src, src_stream);
-    cl_array_note_stream(dst, dst_stream);
-    return 0;
-fail:
-    return -1;
-}
-
-DeviceArray *
-cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device, DeviceArray *dst)
-{
-    DeviceArray *src = a, *out = NULL;
-    cl_op op;
-    /* NCCL and peer copies read one block: compact a view with gaps first,
-     * on its own device (a profiled copy of its own). */
-    if (!cl_is_c_contiguous(a)) {
-        src = cl_array_copy_op(st, func, a, a->dtype);
-        if (src == NULL) {
-            return NULL;
-        }
-    }
-    else {
-        Py_INCREF(src);
-    }
-    cl_op_init(&op, st, func);
-    op.device = device;
-    if (cl_op_begin(&op) < 0) {
-        Py_DECREF(src);
-        return NULL;
-    }
-    out = dst != NULL ? (DeviceArray *)Py_NewRef((PyObject *)dst)
-                      : cl_op_new(&op, a->ndim, a->shape, NULL, a->dtype);
-    if (out != NULL && cl_copy_between_devices(st, out, op.stream, src) < 0) {
-        Py_CLEAR(out);
-    }
-    cl_prof_info info = {
-        .dtype = (int)a->dtype,
-        .bytes = cl_prof_nbytes(a),
-        .flops = -1,
-        .ninputs = 1,
-        .inputs = {a},
-        .out_ndim = a->ndim,
-        .out_shape = a->shape,
-    };
-    Py_DECREF(src);
-    return (DeviceArray *)cl_op_end(&op, (PyObject *)out, CL_OP_PROFILING(&op) ? &info : NULL);
 }
 
 /* ---- Python functions ------------------------------------------------------ */

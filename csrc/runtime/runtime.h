@@ -4,18 +4,16 @@
  *   memory.c    the stream-ordered pool, its counters and statistics
  *   stream.c    Stream and Event, the current stream every op is enqueued on
  *   graph.c     CUDAGraph capture and replay
- *   peer.c      peer access and copies between devices
+ *   peer.c      peer access between devices (the copies: ops/copy.c)
  */
 #ifndef CUDALAB_RUNTIME_RUNTIME_H
 #define CUDALAB_RUNTIME_RUNTIME_H
 
-#include "array/array.h"
+#include "core/core.h"
 
 /* ---- devices (device.c) -------------------------------------------------- */
 
 extern PyMethodDef cl_device_methods[];
-/* Number of usable devices (0 without GPU or driver); never raises. */
-int cl_device_count(cl_state *st);
 /* 0 when a device exists, else raises NoDeviceError naming func. */
 int cl_require_device(cl_state *st, const char *func);
 /* Parse an optional `device` argument (None = current). Validates before
@@ -36,8 +34,6 @@ void cl_device_exit(int device, int previous);
 /* cl_device_enter for code that cannot raise (deallocators, threads without
  * the GIL): errors are cleared, and the result goes to cl_device_exit. */
 int cl_device_enter_quiet(int device);
-/* Parse an index argument: Python int (not bool), returned as Py_ssize_t. */
-int cl_parse_index(PyObject *obj, const char *func, const char *param, Py_ssize_t *out);
 
 /* ---- streams (stream.c) -------------------------------------------------- */
 
@@ -47,11 +43,6 @@ cudaStream_t cl_current_stream(cl_state *st);
 /* The same for `device`, whichever device is current. */
 cudaStream_t cl_current_stream_of(int device);
 int cl_stream_init(PyObject *module, cl_state *st);
-/* Record that `a`'s memory is used on `s` (on its root owner), so its free
- * waits for `s`'s work. Never raises. */
-void cl_array_note_stream(const DeviceArray *a, cudaStream_t s);
-/* DeviceArray.record_stream (array.c's method table points here). */
-PyObject *cl_array_record_stream(PyObject *self, PyObject *stream);
 /* `stream` waits for all work enqueued so far on `other` (of `other_device`;
  * the two may be on different devices: the event is made and recorded on
  * other's, and a stream may wait for an event of any device). The caller's
@@ -64,7 +55,15 @@ int cl_stream_handle(cl_state *st, PyObject *obj, const char *func, const char *
 
 /* ---- CUDA graphs (graph.c) ------------------------------------------------- */
 
-int cl_graph_init(PyObject *module, cl_state *st);
+/* The CUDAGraph type; `replay` is its replay() method, an op (ops/graph.c)
+ * that module.c hands down, built on these two: */
+int cl_graph_init(PyObject *module, cl_state *st, PyCFunction replay);
+/* The device `graph` (a CUDAGraph) replays on, or -1 with CudalabError
+ * when it holds no captured graph. */
+int cl_graph_replay_device(PyObject *graph, int *device);
+/* Launch it on `stream` (its device current), which then frees its memory
+ * after the launch. Returns 0, or -1 with CudaError. */
+int cl_graph_launch(PyObject *graph, cudaStream_t stream);
 /* The CUDAGraph capturing on `s` in this thread, or NULL (borrowed). */
 PyObject *cl_graph_capturing(cudaStream_t s);
 /* Memory `ptr` was just allocated on `s`: during capture the graph owns it;
@@ -84,17 +83,10 @@ extern PyMethodDef cl_graph_methods[]; /* is_current_stream_capturing */
 /* ---- several devices (peer.c) --------------------------------------------- */
 
 extern PyMethodDef cl_peer_methods[]; /* can_access_peer, enable/disable_peer_access */
-/* Copy src (C-contiguous) into dst (C-contiguous, as many bytes, another
- * device) on `dst_stream`, the current stream of dst's device, ordered after
- * the source device's current stream, which then waits for the copy. The
- * caller's current device is put back. Returns 0 or -1. */
-int cl_copy_between_devices(cl_state *st, DeviceArray *dst, cudaStream_t dst_stream,
-                            const DeviceArray *src);
-/* `a`'s values copied, as the op `func`, to `device` (another device than
- * a's): into `dst` (C-contiguous, a's shape and dtype, on `device`), or a
- * new C-contiguous array when dst is NULL. Returns a new reference to it. */
-DeviceArray *cl_array_to_device(cl_state *st, const char *func, DeviceArray *a, int device,
-                                DeviceArray *dst);
+/* Before the first copy from `peer` on `device`: turn access on where the
+ * hardware allows it and nobody turned it off. Never raises: a copy that
+ * cannot go direct is staged. */
+void cl_peer_first_copy(cl_state *st, int device, int peer);
 
 /* ---- memory (memory.c) --------------------------------------------------- */
 

@@ -1,5 +1,6 @@
-/* Streams and events: the Stream and Event types, the calling thread's
- * current stream, and stream-safe frees (record_stream).
+/* Streams and events: the Stream and Event types and the calling thread's
+ * current stream. (Stream-safe frees: the streams an array was used on,
+ * record_stream, are array/array.c's.)
  *
  * Current stream: each thread has, per device, an optional current Stream
  * object, held in C11 thread-local storage with a strong reference (so its
@@ -18,7 +19,8 @@
  * handle is not destroyed but kept per device and priority for the next
  * Stream() (as PyTorch's stream pool never destroys its streams); handles
  * therefore stay valid for the life of the process. */
-#include "cudalab.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 /* ---- thread-local current stream ----------------------------------------- */
 
@@ -87,37 +89,6 @@ set_current(int device, PyObject *stream)
     tl_handle[device] = stream != NULL ? ((StreamObject *)stream)->handle : (cudaStream_t)0;
     tl_num_set += (stream != NULL) - (old != NULL);
     Py_XDECREF(old);
-}
-
-/* ---- record_stream --------------------------------------------------------- */
-
-void
-cl_array_note_stream(const DeviceArray *arr, cudaStream_t s)
-{
-    DeviceArray *root = (DeviceArray *)arr;
-    if (root->base != NULL) {
-        if (Py_TYPE(root->base) != Py_TYPE(root)) {
-            return; /* memory owned by something else (interop) */
-        }
-        root = (DeviceArray *)root->base;
-    }
-    if (root->alloc == NULL || root->graph != NULL || s == root->alloc_stream) {
-        return;
-    }
-    if (cl_graph_capturing(s) != NULL) {
-        return; /* captured work runs at replay; nothing to wait for at free */
-    }
-    for (int i = 0; i < root->num_used_streams; i++) {
-        if (root->used_streams[i] == s) {
-            return;
-        }
-    }
-    if (root->num_used_streams < CL_MAX_USED_STREAMS) {
-        root->used_streams[root->num_used_streams++] = s;
-    }
-    else {
-        root->used_streams_overflow = true;
-    }
 }
 
 /* ---- helpers --------------------------------------------------------------- */
@@ -848,17 +819,6 @@ default_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     return stream_wrap(st, (cudaStream_t)0, device, 0, false);
 }
 
-PyObject *
-cl_array_record_stream(PyObject *self, PyObject *stream)
-{
-    cl_state *st = cl_state_from_type(Py_TYPE(self));
-    if (check_type(stream, st->Stream_Type, "record_stream", "stream", "a Stream") < 0) {
-        return NULL;
-    }
-    cl_array_note_stream((DeviceArray *)self, ((StreamObject *)stream)->handle);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef stream_methods[] = {
     CL_FASTCALL(current_stream),
     CL_FASTCALL(default_stream),
@@ -881,7 +841,8 @@ cl_stream_init(PyObject *module, cl_state *st)
     return PyModule_AddFunctions(module, stream_methods);
 }
 
-/* For graph.c: the handle and device of a Stream, or -1 with TypeError. */
+/* For graph.c and DeviceArray.record_stream: the handle and device of a
+ * Stream, or -1 with TypeError. */
 int
 cl_stream_handle(cl_state *st, PyObject *obj, const char *func, const char *param,
                  cudaStream_t *handle, int *device)

@@ -9,7 +9,7 @@
 // 1 otherwise) times the device-side loss scale, so the backward starts from
 // the scaled loss as a dynamic loss scaler needs.
 //
-// Kernels:
+// Kernels (between 1 and 2 row_dispatch.cuh picks, as for softmax.cu):
 //   1. ce_warp   -- C <= 1024: one warp per row, the row held in registers
 //      (16-byte vector loads when every row is aligned): max, sum and the
 //      picked logit x[y] are warp shuffles, and the gradient is written from
@@ -26,16 +26,14 @@
 #include "kernels.h"
 #include "dtype_convert.cuh"
 #include "dtype_dispatch.cuh"
+#include "row_dispatch.cuh"
 #include "row_softmax.cuh"
 
 namespace {
 
 using namespace cl_rows;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int64_t kWarpMaxCols = 1024; // longest row of the warp kernel (32 per lane)
-constexpr int kReduceThreads = 1024;   // ce_count, ce_total
+constexpr int kReduceThreads = 1024; // ce_count, ce_total
 
 // The logits' dtypes.
 #define CE_TYPES_(X, ...)                                                          \
@@ -106,12 +104,12 @@ grad_of(float x, int64_t col, const Row &r, float m, float inv_s, float g)
 
 // Lane `lane` holds elements (c * 32 + lane) * kVec + j, c < kChunks, j < kVec.
 template <typename T, int kVec, int kChunks>
-__global__ void __launch_bounds__(kThreads) ce_warp(Params p)
+__global__ void __launch_bounds__(kWarpRowThreads) ce_warp(Params p)
 {
     constexpr int kPer = kVec * kChunks;
     const int lane = threadIdx.x % 32;
-    for (int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32; row < p.rows;
-         row += (int64_t)gridDim.x * kWarps) {
+    for (int64_t row = (int64_t)blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32; row < p.rows;
+         row += (int64_t)gridDim.x * kWarpRowsPerBlock) {
         const T *src = static_cast<const T *>(p.logits) + row * p.logits_ld;
         const Row r = row_label(p, row);
         float x[kPer];
@@ -267,20 +265,19 @@ __global__ void __launch_bounds__(kReduceThreads) ce_total(Params p, float *tota
 
 // ---- launch ------------------------------------------------------------------------
 
-// The smallest kChunks (a power of two) that holds `per_lane` elements per lane.
-template <typename T, int kVec, int kChunks>
-cudaError_t
-launch_warp(const Params &p, int64_t per_lane, cudaStream_t stream)
-{
-    if constexpr (kVec * kChunks < 32) {
-        if (kVec * kChunks < per_lane) {
-            return launch_warp<T, kVec, kChunks * 2>(p, per_lane, stream);
-        }
+// Kernels 1 and 2, as row_dispatch.cuh picks and launches them.
+struct CrossEntropyRows {
+    template <typename T, int kVec, int kChunks>
+    static void warp(dim3 grid, dim3 block, cudaStream_t stream, const Params &p)
+    {
+        ce_warp<T, kVec, kChunks><<<grid, block, 0, stream>>>(p);
     }
-    ce_warp<T, kVec, kChunks><<<grid_of((p.rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
-        p);
-    return cudaGetLastError();
-}
+    template <typename T, int kVec>
+    static void block(dim3 grid, dim3 block, cudaStream_t stream, const Params &p)
+    {
+        ce_block<T, kVec><<<grid, block, 0, stream>>>(p);
+    }
+};
 
 // Every row of `base` (rows `ld` elements apart) starts on a 16-byte boundary.
 template <typename T>
@@ -298,18 +295,7 @@ launch_rows(const cl_cross_entropy_desc &d, const Params &p, cudaStream_t stream
     constexpr int V = 16 / sizeof(T);
     const bool vec = d.cols % V == 0 && rows_aligned<T>(d.logits, d.logits_ld, d.rows) &&
                      (d.grad == nullptr || rows_aligned<T>(d.grad, d.grad_ld, d.rows));
-    if (d.cols <= kWarpMaxCols) {
-        const int64_t per_lane = (d.cols + 31) / 32;
-        return vec ? launch_warp<T, V, 1>(p, per_lane, stream)
-                   : launch_warp<T, 1, 1>(p, per_lane, stream);
-    }
-    if (vec) {
-        ce_block<T, V><<<grid_of(p.rows), block_threads(d.cols, V), 0, stream>>>(p);
-    }
-    else {
-        ce_block<T, 1><<<grid_of(p.rows), block_threads(d.cols, 1), 0, stream>>>(p);
-    }
-    return cudaGetLastError();
+    return dispatch_rows<CrossEntropyRows, T>(p, p.rows, d.cols, vec, stream);
 }
 
 cudaError_t

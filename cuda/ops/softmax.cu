@@ -9,7 +9,8 @@
 // float64. Softmax is memory-bound: the ideal is one read and one write of
 // every element.
 //
-// Kernels (the launcher picks one from the layout):
+// Kernels (the launcher picks one from the layout; between 1 and 2,
+// row_dispatch.cuh, which cross_entropy.cu shares):
 //   1. softmax_warp   -- the axis is contiguous and len <= 1024: one warp per
 //      row. The row is loaded once into registers (up to 32 elements per
 //      lane; 16-byte vector loads and stores when every row is aligned), the
@@ -35,15 +36,15 @@
 #include "kernels.h"
 #include "dtype_convert.cuh"
 #include "dtype_dispatch.cuh"
+#include "row_dispatch.cuh"
 #include "row_softmax.cuh"
 
 namespace {
 
 using namespace cl_rows;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256; // softmax_cols: 8 warps split the axis of 32 rows
 constexpr int kWarps = kThreads / 32;
-constexpr int64_t kWarpMaxLen = 1024; // longest row of the warp kernel (32 per lane)
 
 struct Params {
     const void *src;
@@ -72,13 +73,13 @@ template <typename T, typename A> __device__ __forceinline__ T output(A x, A m, 
 
 // Lane `lane` holds elements (c * 32 + lane) * kVec + j, c < kChunks, j < kVec.
 template <typename T, int kVec, int kChunks>
-__global__ void __launch_bounds__(kThreads) softmax_warp(Params p)
+__global__ void __launch_bounds__(kWarpRowThreads) softmax_warp(Params p)
 {
     using A = typename AccOf<T>::type;
     constexpr int kPer = kVec * kChunks;
     const int lane = threadIdx.x % 32;
-    for (int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32; row < p.rows;
-         row += (int64_t)gridDim.x * kWarps) {
+    for (int64_t row = (int64_t)blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32; row < p.rows;
+         row += (int64_t)gridDim.x * kWarpRowsPerBlock) {
         const T *src = static_cast<const T *>(p.src) +
                        row_offset(row, p.inner, p.src_outer, p.src_inner);
         T *dst = static_cast<T *>(p.dst) + row_offset(row, p.inner, p.dst_outer, p.dst_inner);
@@ -213,20 +214,19 @@ __global__ void __launch_bounds__(kThreads) softmax_cols(Params p)
 
 // ---- launch ------------------------------------------------------------------------
 
-// The smallest kChunks (a power of two) that holds `per_lane` elements per lane.
-template <typename T, int kVec, int kChunks>
-cudaError_t
-launch_warp(const Params &p, int64_t per_lane, cudaStream_t stream)
-{
-    if constexpr (kVec * kChunks < 32) {
-        if (kVec * kChunks < per_lane) {
-            return launch_warp<T, kVec, kChunks * 2>(p, per_lane, stream);
-        }
+// Kernels 1 and 2, as row_dispatch.cuh picks and launches them.
+struct SoftmaxRows {
+    template <typename T, int kVec, int kChunks>
+    static void warp(dim3 grid, dim3 block, cudaStream_t stream, const Params &p)
+    {
+        softmax_warp<T, kVec, kChunks><<<grid, block, 0, stream>>>(p);
     }
-    softmax_warp<T, kVec, kChunks><<<grid_of((p.rows + kWarps - 1) / kWarps), kThreads, 0,
-                                     stream>>>(p);
-    return cudaGetLastError();
-}
+    template <typename T, int kVec>
+    static void block(dim3 grid, dim3 block, cudaStream_t stream, const Params &p)
+    {
+        softmax_block<T, kVec><<<grid, block, 0, stream>>>(p);
+    }
+};
 
 // Every row starts on a 16-byte boundary and holds whole vectors.
 template <typename T>
@@ -244,24 +244,11 @@ template <typename T>
 cudaError_t
 launch(const cl_softmax_desc &d, cudaStream_t stream)
 {
-    constexpr int V = 16 / sizeof(T);
     const Params p{d.src,       d.dst,       d.outer * d.inner, d.inner,     d.len,
                    d.src_outer, d.src_inner, d.src_len,         d.dst_outer, d.dst_inner,
                    d.dst_len,   d.log};
     if (d.src_len == 1 && d.dst_len == 1) {
-        const bool vec = rows_aligned<T>(d);
-        if (d.len <= kWarpMaxLen) {
-            const int64_t per_lane = (d.len + 31) / 32;
-            return vec ? launch_warp<T, V, 1>(p, per_lane, stream)
-                       : launch_warp<T, 1, 1>(p, per_lane, stream);
-        }
-        if (vec) {
-            softmax_block<T, V><<<grid_of(p.rows), block_threads(d.len, V), 0, stream>>>(p);
-        }
-        else {
-            softmax_block<T, 1><<<grid_of(p.rows), block_threads(d.len, 1), 0, stream>>>(p);
-        }
-        return cudaGetLastError();
+        return dispatch_rows<SoftmaxRows, T>(p, p.rows, d.len, rows_aligned<T>(d), stream);
     }
     softmax_cols<T><<<grid_of((p.rows + 31) / 32), kThreads, 0, stream>>>(p);
     return cudaGetLastError();

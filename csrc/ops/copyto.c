@@ -9,7 +9,11 @@
  * in its result dtype and casts through a temporary.
  *
  * validate (arrays, device, broadcast, casting; no CUDA call) -> run. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "core/core.h"
 
 typedef struct {
     cl_op op;
@@ -78,7 +82,7 @@ copyto_run(copyto_call *c)
     cl_op_use(&c->op, c->dst);
     cl_op_use(&c->op, src);
     if (cl_out_needs_copy(c->dst, src)) {
-        aside = cl_array_contiguous_copy(st, c->op.func, src, src->dtype);
+        aside = cl_op_contiguous_copy(&c->op, src, src->dtype);
         if (aside == NULL) {
             return -1;
         }
@@ -109,7 +113,7 @@ fail:
 }
 
 /* dst and src on two devices: the same dtype and shape, dst C-contiguous;
- * one peer copy on dst's device (runtime/peer.c says how it is ordered). */
+ * one peer copy on dst's device (ops/copy.c says how it is ordered). */
 static PyObject *
 copyto_between_devices(cl_state *st, DeviceArray *dst, DeviceArray *src)
 {

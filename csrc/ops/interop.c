@@ -36,7 +36,10 @@
  *
  * The DLPack structs follow the published dlpack.h layout (v1.0); they are
  * written out here rather than vendored. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 /* ---- the DLPack ABI (dlpack.h, v1.0) --------------------------------------- */
 

@@ -2,7 +2,10 @@
  * _spin(cycles) and _empty_kernel(count=1), both on the current stream.
  * See cuda/prof/timing.cu for why each exists. Both go through the op frame,
  * so the profiler and NVTX see them like any op. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "core/core.h"
 
 /* `count` launches of the spin kernel (cycles >= 0) or of the empty kernel
  * (cycles < 0) on the current stream of the current device. */

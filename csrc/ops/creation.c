@@ -4,44 +4,14 @@
  * Every argument is checked before the GPU is touched, so argument errors
  * are the same with or without a device; then cl_require_device raises
  * NoDeviceError on a machine without one. */
-#include "cudalab.h"
+#include "ops/ops.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 #define DEFAULT_DTYPE CL_FLOAT32 /* like torch: float32 unless asked otherwise */
-
-int
-cl_parse_shape(PyObject *obj, const char *func, const char *param, int *ndim,
-               Py_ssize_t *shape)
-{
-    if (!PyBool_Check(obj) && PyIndex_Check(obj) && !PyArray_Check(obj)) {
-        *ndim = 1;
-        if (cl_parse_index(obj, func, param, &shape[0]) < 0) {
-            return -1;
-        }
-    }
-    else if (PyTuple_Check(obj) || PyList_Check(obj)) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-        if (n > CL_MAX_NDIM) {
-            return cl_arg_error(PyExc_ValueError, func, param,
-                                "%zd dimensions exceed the maximum of %d", n, CL_MAX_NDIM);
-        }
-        *ndim = (int)n;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (cl_parse_index(PySequence_Fast_GET_ITEM(obj, i), func, param, &shape[i]) < 0) {
-                return -1;
-            }
-        }
-    }
-    else {
-        return cl_expected_type_error(func, param, "an int or a tuple of ints", obj);
-    }
-    for (int i = 0; i < *ndim; i++) {
-        if (shape[i] < 0) {
-            return cl_arg_error(PyExc_ValueError, func, param,
-                                "negative dimensions are not allowed, got %zd", shape[i]);
-        }
-    }
-    return 0;
-}
 
 /* The `a` argument of *_like, asnumpy, ascontiguousarray. */
 static DeviceArray *

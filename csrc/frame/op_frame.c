@@ -1,6 +1,10 @@
-/* The op frame (op_frame.h): argument checks shared by every op, and the
+/* The op frame (frame.h): argument checks shared by every op, and the
  * enter / profile / leave bracket around its GPU work. */
-#include "cudalab.h"
+#include "frame/frame.h"
+#include "prof/prof.h"
+#include "array/array.h"
+#include "runtime/runtime.h"
+#include "core/core.h"
 
 void
 cl_op_init(cl_op *op, cl_state *st, const char *func)
@@ -129,6 +133,44 @@ cl_op_new(cl_op *op, int ndim, const Py_ssize_t *shape, const Py_ssize_t *stride
         cl_op_use(op, a);
     }
     return a;
+}
+
+int
+cl_op_copy_into(cl_op *op, DeviceArray *dst, const DeviceArray *src)
+{
+    int64_t shape[CL_MAX_NDIM], dst_strides[CL_MAX_NDIM], src_strides[CL_MAX_NDIM];
+    if (cl_array_size(src) == 0) {
+        return 0;
+    }
+    Py_ssize_t dst_item = (Py_ssize_t)cl_itemsize(dst->dtype);
+    Py_ssize_t src_item = (Py_ssize_t)cl_itemsize(src->dtype);
+    for (int i = 0; i < src->ndim; i++) {
+        shape[i] = src->shape[i];
+        dst_strides[i] = dst->strides[i] / dst_item;
+        src_strides[i] = src->strides[i] / src_item;
+    }
+    cl_op_use(op, dst);
+    cl_op_use(op, src);
+    cudaError_t err = cl_copy_cast(dst->data, dst->dtype, dst_strides, src->data, src->dtype,
+                                   src_strides, src->ndim, shape, op->stream);
+    CL_CUDA_CHECK(op->st, err);
+    return 0;
+fail:
+    return -1;
+}
+
+DeviceArray *
+cl_op_contiguous_copy(cl_op *op, DeviceArray *a, cl_dtype dtype)
+{
+    DeviceArray *out = cl_array_new(op->st, op->func, a->ndim, a->shape, NULL, dtype);
+    if (out == NULL) {
+        return NULL;
+    }
+    if (cl_op_copy_into(op, out, a) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
 }
 
 PyObject *

@@ -18,19 +18,6 @@
 static struct PyModuleDef cl_module_def;
 static int set_module_doc(PyObject *module);
 
-cl_state *
-cl_state_from_module(PyObject *module)
-{
-    return (cl_state *)PyModule_GetState(module);
-}
-
-cl_state *
-cl_state_from_type(PyTypeObject *type)
-{
-    /* DeviceArray cannot be subclassed, so its own type always finds us. */
-    return (cl_state *)PyType_GetModuleState(type);
-}
-
 static int
 cl_exec(PyObject *module)
 {
@@ -63,7 +50,7 @@ cl_exec(PyObject *module)
         return -1;
     }
 
-    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st) < 0 ||
+    if (cl_stream_init(module, st) < 0 || cl_graph_init(module, st, cl_graph_replay) < 0 ||
         cl_dist_init(module, st) < 0) {
         return -1;
     }

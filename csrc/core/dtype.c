@@ -1,6 +1,6 @@
 /* NumPy dtypes <-> cl_dtype. bfloat16 is ml_dtypes' NumPy extension type, so
  * it has no fixed type number: we recognise it by its scalar type object. */
-#include "cudalab.h"
+#include "core/core.h"
 
 #include <math.h>
 #include <string.h>

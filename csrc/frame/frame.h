@@ -1,4 +1,5 @@
-/* The op frame: the steps every op entry point shares, written once.
+/* frame/: the op frame, the steps every op entry point shares, written once
+ * (op_frame.c), with the copies an op makes inside it.
  *
  *     cl_op op;
  *     cl_op_init(&op, st, "add");
@@ -16,10 +17,9 @@
  * argument raises the same way on a machine without a GPU. After a
  * successful cl_op_begin, cl_op_end must run on every path (it closes the
  * profiler record and puts the caller's device back). */
-#ifndef CUDALAB_CORE_OP_FRAME_H
-#define CUDALAB_CORE_OP_FRAME_H
+#ifndef CUDALAB_FRAME_FRAME_H
+#define CUDALAB_FRAME_FRAME_H
 
-#include "core/core.h"
 #include "array/array.h"
 #include "prof/prof.h"
 
@@ -67,6 +67,13 @@ cl_op_use(cl_op *op, const DeviceArray *a)
 /* A new result array on the op's device (see cl_array_new). */
 DeviceArray *cl_op_new(cl_op *op, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
                        cl_dtype dtype);
+/* Copies an op makes inside its frame (after cl_op_begin), on op->stream,
+ * of arrays on the op's device (every array it checked or made is): no
+ * device to enter, and both arrays are noted as used on the stream.
+ * dst (any layout, src's shape) <- src, converting the dtype: */
+int cl_op_copy_into(cl_op *op, DeviceArray *dst, const DeviceArray *src);
+/* A new C-contiguous copy of `a` in `dtype`. */
+DeviceArray *cl_op_contiguous_copy(cl_op *op, DeviceArray *a, cl_dtype dtype);
 #define CL_OP_PROFILING(op) CL_PROF_ACTIVE(&(op)->prof)
 /* Close the profiler record (`info` NULL or `result` NULL: the op failed or
  * nothing to say) and restore the caller's device. Returns `result`. */
@@ -83,4 +90,4 @@ bool cl_arrays_overlap(const DeviceArray *a, const DeviceArray *b);
  * not exactly `out`, element for element. */
 bool cl_out_needs_copy(const DeviceArray *out, const DeviceArray *a);
 
-#endif /* CUDALAB_CORE_OP_FRAME_H */
+#endif /* CUDALAB_FRAME_FRAME_H */
