@@ -349,7 +349,7 @@ def current_stream(device: int | None = None) -> Stream: ...
 def default_stream(device: int | None = None) -> Stream: ...
 
 
-# ---- pinned host memory and interop (csrc/runtime/memory.c, csrc/array/interop.c) ------------------
+# ---- pinned host memory and interop (csrc/runtime/memory.c, csrc/ops/interop.c) ------------------
 # asarray(obj, dtype=None, non_blocking=False) also takes foreign device arrays
 # (DLPack producers on CUDA first, then __cuda_array_interface__) without a copy;
 # DeviceArray gains get(out=None, non_blocking=False), __cuda_array_interface__,
