@@ -41,7 +41,8 @@ import numpy as np
 
 from .. import _core
 from ..devices import device as _device
-from ..nn._util import Buffers, arg_error, check_array
+from .._buffers import Buffers
+from .._check import arg_error, check_array
 from ..nn.layers import MLP
 from ..nn.precision import Precision, get_precision
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import _core
 from ..devices import device as _device
-from ..nn._util import check_int
+from .._check import check_int
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 from ..nn.precision import get_precision
 from ..streams import graph as _graph

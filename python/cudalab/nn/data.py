@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import _core
 from .. import random as _random
-from ._util import F32, arg_error, check_int, check_seed, derive_seed
+from .._check import arg_error, check_int, check_seed
+from ._util import F32, derive_seed
 from .layers import MLP
 
 __all__ = ["TeacherData"]

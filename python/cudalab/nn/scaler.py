@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import _core
-from ._util import arg_error, check_array, check_bool, check_real
+from .._check import arg_error, check_array, check_bool, check_real
 
 __all__ = ["GradScaler"]
 
