@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from .cli_bench import _common
 from .cli_lessons import _run, _running
-from .lessons import _resnet as R
+from .lessons import resnet as R
 
 __all__ = ["add_parsers", "lesson_params"]
 

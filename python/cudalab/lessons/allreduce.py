@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from ._analysis import fit_latency_bandwidth, format_bytes_short
-from . import _multi_gpu as M
+from .analysis import fit_latency_bandwidth, format_bytes_short
+from . import multi_gpu as M
 from .registry import LessonRun, lesson
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30

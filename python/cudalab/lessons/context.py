@@ -27,7 +27,7 @@ from typing import Any
 import cudalab
 
 from ..bench import host_measurement
-from ._analysis import MIB
+from .analysis import MIB
 from .registry import LessonRun, lesson
 
 STAGES = ("context", "first op", "first matmul")

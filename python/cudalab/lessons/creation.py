@@ -19,7 +19,7 @@ import numpy as np
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from ._analysis import MIB, claim_at_least, claim_within, first_at_least
+from .analysis import MIB, claim_at_least, claim_within, first_at_least
 from .registry import LessonRun, lesson
 
 # The host path's cost as a multiple of device generation that the lesson

@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from . import _multi_gpu as M
+from . import multi_gpu as M
 from ._ddp_worker import OPTIM_IN_BACKWARD  # DDP, bf16 gradients, AdamW stepped per bucket
-from . import _training as T
+from . import training as T
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20

@@ -17,7 +17,7 @@ import numpy as np
 
 import cudalab
 
-from ._analysis import claim_at_least
+from .analysis import claim_at_least
 from ._measuring import rel_error
 from .registry import LessonRun, lesson
 

@@ -22,7 +22,8 @@ import numpy as np
 import cudalab
 from cudalab import nn
 
-from . import _training as T
+from ..nn import torch_twin as TT
+from . import training as T
 from ._measuring import ratio, rel_error
 from .registry import LessonRun, lesson
 
@@ -128,8 +129,8 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tx: Any, tl: An
     c.synchronize()
     before = c.memory_allocated()
     c.reset_peak_memory_stats()
-    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
+    twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    opt = TT.torch_adamw(torch, twin.parameters(), p["lr"])
     micro = [(tx[s], tl[s]) for s in micro_slices(tx.shape[0], k)]
 
     def step() -> None:
@@ -201,8 +202,8 @@ def run(r: LessonRun) -> None:
     torch = r.torch()
     theirs = {}
     if torch is not None:
-        tx, tl = T.torch_batches(torch, [(x, labels)])[0]
-        with T.Tf32(torch, p["precision"] == "tf32"):
+        tx, tl = TT.torch_batches(torch, [(x, labels)])[0]
+        with TT.Tf32(torch, p["precision"] == "tf32"):
             theirs = {k: _torch_one(r, torch, sizes, tx, tl, k) for k in ks}
     for impl, results in (("cudalab", ours), ("torch", theirs)):
         for k, v in results.items():

@@ -24,7 +24,8 @@ import numpy as np
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from . import _resnet as R
+from ..models import torch_twin as TW
+from . import resnet as R
 from ._measuring import rel_error
 from .registry import LessonRun, lesson
 
@@ -187,8 +188,8 @@ def _torch_cpu_module(state: dict) -> tuple[Any, Any] | None:
         import torch
     except ImportError:
         return None
-    tv = R.torchvision_or_none()
-    return None if tv is None else (torch, R.torch_resnet50(torch, tv, state))
+    tv = TW.torchvision_or_none()
+    return None if tv is None else (torch, TW.torch_resnet50(torch, tv, state))
 
 
 def _check_batch1(r: LessonRun, model: Any, precision: str, x1: np.ndarray,
@@ -250,7 +251,7 @@ def _precision(r: LessonRun, state: dict, precision: str, batches: Sequence[int]
         _check_batch1(r, model, precision, x_h[:1], ref1)
     torch = r.torch() if cpu_module is not None else None
     got: dict[int, dict[str, float]] = {}
-    with R.torch_session(torch, cpu_module, precision) as twin:
+    with TW.torch_session(torch, cpu_module, precision) as twin:
         for b in batches:
             times = {f"cudalab {k}": v for k, v in
                      _ours(r, model, precision, b, x_h, r.params["graph"]).items()}

@@ -24,8 +24,8 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from ..bench import host_clock, host_measurement
-from ._analysis import fit_latency_bandwidth, format_bytes_short
-from . import _multi_gpu as M
+from .analysis import fit_latency_bandwidth, format_bytes_short
+from . import multi_gpu as M
 from .registry import LessonRun, lesson
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30

@@ -34,8 +34,9 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from ..bench import host_clock, host_measurement
-from . import _multi_gpu as M
-from . import _training as T
+from . import multi_gpu as M
+from ..nn import torch_twin as TT
+from . import training as T
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -273,13 +274,13 @@ def _torch(r: LessonRun, torch: Any, sizes: tuple[int, ...], bounds: Sequence[tu
 
     p = r.params
     cudalab.synchronize()
-    seq = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    seq = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
     mods = list(seq)
     # Sequential positions of each MLP layer: its Linear and (but the last) its activation.
     starts = [i for i, mod in enumerate(mods) if isinstance(mod, torch.nn.Linear)] + [len(mods)]
     parts = [torch.nn.Sequential(*mods[starts[a]:starts[b]]).to(f"cuda:{s}")
              for s, (a, b) in enumerate(bounds)]
-    opt = T.torch_adamw(torch, [q for part in parts for q in part.parameters()], p["lr"])
+    opt = TT.torch_adamw(torch, [q for part in parts for q in part.parameters()], p["lr"])
     tx = torch.from_dlpack(x)
     tl = torch.from_dlpack(labels).to(f"cuda:{len(parts) - 1}")
     dtype = {"bf16": torch.bfloat16}.get(p["precision"])
@@ -303,7 +304,7 @@ def _torch(r: LessonRun, torch: Any, sizes: tuple[int, ...], bounds: Sequence[tu
         return torch.cat(ret)
 
     out = {}
-    with T.Tf32(torch, p["precision"] == "tf32"):
+    with TT.Tf32(torch, p["precision"] == "tf32"):
         for m in chunk_counts:
             def step(m: int = m) -> None:
                 opt.zero_grad(set_to_none=True)

@@ -31,7 +31,8 @@ from cudalab.nn import reference
 
 from ..bench import Measurement
 from ..devices import get_device_properties
-from . import _training as T
+from ..nn import torch_twin as TT
+from . import training as T
 from ._measuring import rel_error
 from .registry import LessonRun, lesson
 
@@ -442,13 +443,13 @@ def _torch_step(r: LessonRun, torch: Any, sizes: tuple[int, ...], batch: tuple[A
     checked against ours, its step timed the same way."""
     p = r.params
     precision = p["precision"]
-    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
-    scaler = (T.torch_grad_scaler(torch, INIT_SCALE, GROWTH_INTERVAL)
+    twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    opt = TT.torch_adamw(torch, twin.parameters(), p["lr"])
+    scaler = (TT.torch_grad_scaler(torch, INIT_SCALE, GROWTH_INTERVAL)
               if nn.PRECISIONS[precision].needs_scaler else None)
-    step = T.torch_train_step(torch, twin, opt, scaler, precision)
-    [(tx, tl)] = T.torch_batches(torch, [batch])
-    with T.Tf32(torch, precision == "tf32"):
+    step = TT.torch_train_step(torch, twin, opt, scaler, precision)
+    [(tx, tl)] = TT.torch_batches(torch, [batch])
+    with TT.Tf32(torch, precision == "tf32"):
         theirs = float(step(tx, tl))
         r.check(f"torch's first {precision} loss vs cudalab's (same weights, same batch)",
                 abs(theirs - first_loss) / abs(first_loss), TORCH_LOSS_TOL[precision])

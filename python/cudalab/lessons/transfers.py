@@ -18,7 +18,7 @@ import numpy as np
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from ._analysis import (MIB, claim_at_least, claim_within, fit_latency_bandwidth,
+from .analysis import (MIB, claim_at_least, claim_within, fit_latency_bandwidth,
                         format_bytes_short)
 from .registry import LessonRun, lesson
 
