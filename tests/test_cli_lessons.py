@@ -17,7 +17,8 @@ import json
 import pytest
 
 import cudalab
-from cudalab import cli, cli_lessons, lessons
+from cudalab import cli, lessons
+from cudalab.cli import lessons as cli_lessons
 from cudalab.bench import read_results as read_bench_results
 from cudalab.bench.baseline import load_baseline
 from cudalab.lessons import registry

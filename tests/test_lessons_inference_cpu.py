@@ -11,7 +11,7 @@ import pytest
 
 import cudalab
 from cudalab import cli, lessons
-from cudalab.cli_inference import lesson_params
+from cudalab.cli.inference import lesson_params
 from cudalab.lessons import resnet as R
 from cudalab.models import torch_twin as TW
 from cudalab.lessons import conv_as_gemm as CG
