@@ -52,6 +52,7 @@ from .. import _core
 from ..devices import device as _device
 from .._check import arg_error
 from ..nn.precision import PRECISIONS
+from .group import ProcessGroup, get_group
 
 __all__ = ["Bucket", "DistributedDataParallel", "assign_buckets"]
 
@@ -307,7 +308,6 @@ class DistributedDataParallel:
 
     @staticmethod
     def _resolve_group(group: Any) -> Any:
-        from .group import ProcessGroup, get_group
         if group is None:
             group = get_group()
         elif not isinstance(group, ProcessGroup):

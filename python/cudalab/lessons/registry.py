@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 from .. import _core
 from ..bench import Measurement, Timer, ceiling_preset, torch_cuda
 from ..bench.ceilings import CEILING_PRESET
-from .result import Check, Claim, Finding, LessonResult
+from .result import Check, Claim, Finding, LessonResult, set_lesson_lookup
 
 __all__ = ["Lesson", "LessonCheckError", "LessonRun", "get", "lesson", "names", "run"]
 
@@ -132,6 +132,10 @@ def get(name: str) -> Lesson:
     except KeyError:
         raise ValueError(f"lessons.get() argument 'name': no lesson {name!r}; "
                          f"the lessons are {', '.join(names())}") from None
+
+
+# LessonResult.plot looks lessons up through this registry (see set_lesson_lookup).
+set_lesson_lookup(get)
 
 
 def check_params(x: Lesson, params: Mapping[str, Any], func: str = "lessons.run") -> None:

@@ -17,14 +17,13 @@ import numpy as np
 
 from .. import _core
 from .._check import arg_error, check_array, check_bool, check_real
+from .layers import Parameter
 
 __all__ = ["GradScaler"]
 
 
 def _grad_arrays(grads: Any, func: str) -> list[_core.DeviceArray]:
     """The gradient arrays of an optimizer, of Parameters, or DeviceArrays themselves."""
-    from .layers import Parameter  # a cycle-free late import
-
     params = getattr(grads, "params", None)
     items = params if params is not None else grads
     if isinstance(items, (_core.DeviceArray, Parameter)) or not isinstance(items, Iterable):
