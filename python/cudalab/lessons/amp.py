@@ -25,6 +25,7 @@ from ..bench import host_clock, host_measurement
 from ..nn import torch_twin as TT
 from . import training as T
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 PRECISIONS = tuple(nn.PRECISIONS)
@@ -260,6 +261,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]
                          f"{', '.join(PRECISIONS)}, got {names!r}")
     if "fp32" not in names:
         raise ValueError("lesson 'amp': precisions must include 'fp32' (the reference)")
+    P.seed("amp", p)
     return sizes, names
 
 
@@ -272,7 +274,8 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]
                 "batch": 1024, "steps": 300, "batches": 32, "lr": 2e-4, "growth_interval": 2000,
                 "loop_steps": 50, "precisions": PRECISIONS, "seed": 0},
         quick_params={"in_features": 64, "hidden": (256, 256), "batch": 256, "steps": 100,
-                      "batches": 8, "lr": 1e-3, "loop_steps": 20})
+                      "batches": 8, "lr": 1e-3, "loop_steps": 20},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, names = check_params(p)

@@ -25,6 +25,7 @@ from cudalab import nn
 from ..nn import torch_twin as TT
 from . import training as T
 from ._measuring import ratio, rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 2**20
@@ -179,6 +180,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
     lr = p["lr"]
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise ValueError(f"lesson 'grad_accumulation': lr must be a number in (0, 1), got {lr!r}")
+    P.seed("grad_accumulation", p)
     return sizes, (1, *sorted(int(k) for k in ks))
 
 
@@ -188,7 +190,8 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
              "optimizer step), no figure given",
         params={"in_features": 1024, "hidden": (4096, 4096, 4096), "classes": 16, "batch": 8192,
                 "ks": (2, 4, 8), "precision": "fp32", "lr": 1e-4, "seed": 0},
-        quick_params={"in_features": 64, "hidden": (256, 256), "batch": 1024, "ks": (2, 4)})
+        quick_params={"in_features": 64, "hidden": (256, 256), "batch": 1024, "ks": (2, 4)},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, ks = check_params(p)

@@ -27,6 +27,7 @@ from ..bench import ceiling, host_clock, host_measurement
 from ..models import torch_twin as TW
 from . import resnet as R
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # GPU logits vs the float32 NumPy reference, relative to the largest |logit|:
@@ -117,6 +118,7 @@ def check_params(p: Any) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, .
     precisions = R.check_precisions(p["precisions"], "lesson 'inference': precisions")
     cpu = R.check_batch_sizes(p["cpu_batch_sizes"], "lesson 'inference': cpu_batch_sizes") \
         if len(p["cpu_batch_sizes"]) else ()
+    P.bools("inference", p, "graph")
     return batches, precisions, cpu
 
 
@@ -351,7 +353,8 @@ def _half_findings(r: LessonRun, res: dict[str, dict], big: int) -> None:
                 "cpu_batch_sizes": (1, 8)},
         quick_params={"batch_sizes": (1, 8), "precisions": ("fp16",),
                       "cpu_batch_sizes": (1,)},
-        torch_twin=_torch_twin_label)
+        torch_twin=_torch_twin_label,
+        check=check_params)
 def run(r: LessonRun) -> None:
     from .. import models
 

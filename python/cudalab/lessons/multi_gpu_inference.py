@@ -217,7 +217,8 @@ def _torch(r: LessonRun, torch: Any, state: Mapping[str, np.ndarray], precision:
         params={"batch": 128, "precision": "fp16", "gpus": None, "graph": True, "steps": 10,
                 "repeats": 10, "torch": True},
         quick_params={"batch": 32, "steps": 4, "repeats": 5, "torch": False},
-        torch_twin=_torch_label_twin)
+        torch_twin=_torch_label_twin,
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
     from .. import models

@@ -221,7 +221,8 @@ def _torch_twin(label: str) -> str | None:
         params={"sizes": (4 * KIB, 64 * KIB, MIB, 16 * MIB, 256 * MIB, GIB), "gpus": None,
                 "repeats": 20, "torch": True},
         quick_params={"sizes": (4 * KIB, 64 * MIB), "gpus": 2, "repeats": 5},
-        torch_twin=_torch_twin)
+        torch_twin=_torch_twin,
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
 

@@ -37,6 +37,7 @@ from ..bench import host_clock, host_measurement
 from . import multi_gpu as M
 from ..nn import torch_twin as TT
 from . import training as T
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -138,6 +139,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
     if not isinstance(p["torch"], bool):
         raise ValueError(f"lesson 'pipeline_parallel': torch must be True or False, got "
                          f"{p['torch']!r}")
+    P.seed("pipeline_parallel", p)
     return sizes, tuple(sorted(set(int(c) for c in chunks)))
 
 
@@ -329,7 +331,8 @@ def _torch(r: LessonRun, torch: Any, sizes: tuple[int, ...], bounds: Sequence[tu
                 "lr": 1e-4, "repeats": 10, "timing_steps": 5, "check_rows": 64, "torch": True,
                 "seed": 0},
         quick_params={"batch": 4096, "chunks": (1, 4), "repeats": 5, "timing_steps": 3,
-                      "check_rows": 16})
+                      "check_rows": 16},
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
     from cudalab import nn

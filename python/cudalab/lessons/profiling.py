@@ -34,6 +34,7 @@ from ..devices import get_device_properties
 from ..nn import torch_twin as TT
 from . import training as T
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # Op names as the profiler records them, by kind. The nn ops are private entry points
@@ -194,6 +195,10 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
     lr = p["lr"]
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise ValueError(f"lesson 'profiling': lr must be a number in (0, 1), got {lr!r}")
+    trace = p["trace_path"]
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise ValueError(f"lesson 'profiling': trace_path must be None or a path, got {trace!r}")
+    P.seed("profiling", p)
     return sizes, p["precision"]
 
 
@@ -401,7 +406,8 @@ def _trace_path(p: Mapping[str, Any]) -> str:
         params={"in_features": 1024, "hidden": (4096, 4096), "classes": 1024, "batch": 4096,
                 "precision": "bf16", "lr": 1e-4, "warmup_steps": 3, "steps": 10, "top_ops": 10,
                 "trace_path": None, "seed": 0},
-        quick_params={"hidden": (2048, 2048), "steps": 3})
+        quick_params={"hidden": (2048, 2048), "steps": 3},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, precision = check_params(p)

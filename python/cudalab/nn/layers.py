@@ -158,6 +158,8 @@ class Linear:
         check_bool(bias, "Linear", "bias")
         self.activation = check_activation(activation, "Linear")
         self.seed = check_seed(seed, "Linear")
+        # Arguments first, then the device: without a GPU the error names Linear().
+        _core._parse_device(None, "Linear")
         bound = 1.0 / math.sqrt(self.in_features)
         shape = (self.out_features, self.in_features)
         w = _random.uniform(shape, -bound, bound, F32, seed=derive_seed(self.seed, 0))
@@ -498,6 +500,8 @@ class MLP:
         self.sizes = tuple(check_int(s, "MLP", "sizes") for s in sizes)
         self.activation = check_activation(activation, "MLP")
         self.seed = check_seed(seed, "MLP")
+        # Arguments first, then the device: without a GPU the error names MLP().
+        _core._parse_device(None, "MLP")
         last = len(self.sizes) - 2
         self.layers = [
             Linear(n_in, n_out, True, None if i == last else self.activation,

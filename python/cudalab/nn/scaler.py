@@ -99,6 +99,8 @@ class GradScaler:
             raise arg_error(ValueError, func, "growth_interval",
                             f"must be in [1, 2**31 - 1], got {growth_interval}")
         check_bool(enabled, func, "enabled")
+        if enabled:  # arguments first, then the device: the error names GradScaler()
+            _core._parse_device(None, func)
         self.init_scale = init_scale
         self.growth_factor = growth_factor
         self.backoff_factor = backoff_factor
