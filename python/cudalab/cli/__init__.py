@@ -16,6 +16,9 @@ Commands, one module of this package per group:
 
 * ``inference`` (cli/inference.py): the guide's model inference comparison.
 
+* ``results [LESSON]`` (cli/results.py): the lesson results committed to the
+  repository, printed without a GPU.
+
 What the commands share (argparse types, option groups, the device check)
 is cli/args.py. ``cudalab --version`` prints the version.
 """
@@ -27,7 +30,7 @@ import sys
 from typing import Sequence
 
 from .. import __version__
-from . import bench, check, inference, lessons
+from . import bench, check, inference, lessons, results
 from .check import check_report
 
 __all__ = ["build_parser", "check_report", "main"]
@@ -42,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub)
     lessons.add_parsers(sub)
     inference.add_parsers(sub)
+    results.add_parsers(sub)
     return parser
 
 

@@ -21,18 +21,19 @@ import re
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import _core, lessons
 from .._progress import ProgressBar
 from .._table import format_table
 from ..devices import device as device_context
 from ..devices import get_device_properties
-from ..lessons.registry import Lesson, check_params
+from ..lessons.registry import Lesson, check_params, resolve_params
 from .args import ChoiceList, common_parser, output_file, positive_int, several
 # The device check under this module's own name: each command module looks it up
 # here, so a test can stand in a device for one command group.
 from .args import check_device as _check_device
+from .results import without_gpu_text
 
 __all__ = ["add_parsers", "parse_params", "parse_value", "run_lessons", "running_parser"]
 
@@ -151,11 +152,22 @@ def _save(args: argparse.Namespace, results: list, failures: list, device: str) 
             lessons.markdown(results, device=device, failures=failures), encoding="utf-8")
 
 
-def run_lessons(args: argparse.Namespace, command: str,
-                jobs: list[tuple[str, dict[str, Any]]]) -> int:
-    """Run each (lesson, params) in order on the chosen device; 1 if any failed."""
+def run_lessons(args: argparse.Namespace, command: str, jobs: list[tuple[str, dict[str, Any]]],
+                without_gpu: Callable[[], str] | None = None) -> int:
+    """Run each (lesson, params) in order on the chosen device; 1 if any failed.
+
+    Every lesson's parameters are checked first (2 on a bad one), then the
+    device; without a GPU, `without_gpu()` (when given) says what to do instead.
+    """
+    for name, params in jobs:
+        try:
+            resolve_params(lessons.get(name), params, args.quick)
+        except (TypeError, ValueError) as exc:
+            return _usage_error(command, exc)
     device = _check_device(args, command)
     if device is None:
+        if without_gpu is not None and not _core.is_available():
+            print(without_gpu(), file=sys.stderr)
         return 1
     if not jobs:
         print(f"cudalab {command}: no lessons are registered.", file=sys.stderr)
@@ -202,7 +214,7 @@ def _cmd_lesson(args: argparse.Namespace) -> int:
         params = parse_params(x, args.set)
     except ValueError as exc:
         return _usage_error("lesson", exc)
-    return run_lessons(args, "lesson", [(x.name, params)])
+    return run_lessons(args, "lesson", [(x.name, params)], lambda: without_gpu_text(x))
 
 
 def _cmd_run_all(args: argparse.Namespace) -> int:
