@@ -110,7 +110,7 @@ def run(quick: bool = False, gpus: int | None = None, extra: dict | None = None)
     receives the workers' versions and the correctness checks."""
     require_gpu("bench_allreduce")
     import cudalab
-    from cudalab.lessons import _multi_gpu as M
+    from cudalab.lessons import multi_gpu as M
     from cudalab.lessons import allreduce as A
 
     n = cudalab.device_count() if gpus is None else min(gpus, cudalab.device_count())
@@ -156,7 +156,7 @@ def run(quick: bool = False, gpus: int | None = None, extra: dict | None = None)
 
 
 def _size(nbytes: int) -> str:
-    from cudalab.lessons._analysis import format_bytes_short
+    from cudalab.lessons.analysis import format_bytes_short
 
     return format_bytes_short(nbytes)
 

@@ -70,12 +70,12 @@ def _ours(nn: Any, sizes: tuple[int, ...], name: str, graph: bool) -> Callable[[
 
 
 def _theirs(torch: Any, nn: Any, sizes: tuple[int, ...], name: str) -> Callable[[Any, Any], Any]:
-    from cudalab.lessons import _training as T
+    from cudalab.nn import torch_twin as TT
 
-    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=SEED))
+    twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=SEED))
     opt = torch.optim.AdamW(twin.parameters(), lr=LR, fused=True)
-    scaler = T.torch_grad_scaler(torch, 2.0**16, 2000) if name == "fp16" else None
-    return T.torch_train_step(torch, twin, opt, scaler, name)
+    scaler = TT.torch_grad_scaler(torch, 2.0**16, 2000) if name == "fp16" else None
+    return TT.torch_train_step(torch, twin, opt, scaler, name)
 
 
 def _gelu_forms(nn: Any, batch: int, name: str) -> tuple[list[str], list[str]]:
@@ -100,7 +100,8 @@ def _time(timer: Any, one: Callable[[], Any], flops: float, label: str, impl: st
 
 def mlp_rows(cudalab: Any, torch: Any, timer: Any, batch: int) -> list[dict]:
     from cudalab import nn
-    from cudalab.lessons import _training as T
+    from cudalab.lessons import training as T
+    from cudalab.nn import torch_twin as TT
 
     sizes = (IN_FEATURES, *HIDDEN, CLASSES)
     flops = T.step_flops(sizes, batch)
@@ -111,10 +112,10 @@ def mlp_rows(cudalab: Any, torch: Any, timer: Any, batch: int) -> list[dict]:
         steps = {"cudalab": (_ours(nn, sizes, name, False), batches),
                  "cudalab graph": (_ours(nn, sizes, name, True), batches)}
         if torch is not None:
-            steps["torch"] = (_theirs(torch, nn, sizes, name), T.torch_batches(torch, batches))
+            steps["torch"] = (_theirs(torch, nn, sizes, name), TT.torch_batches(torch, batches))
         got = {}
         # TF32 on or off for torch's float32 matmuls (cudalab's come from the precision).
-        with T.Tf32(torch, name == "tf32") if torch is not None else contextlib.nullcontext():
+        with TT.Tf32(torch, name == "tf32") if torch is not None else contextlib.nullcontext():
             for impl, (step, data) in steps.items():
                 loop, gpu = _time(timer, T.cycle(step, data), flops, label, impl, name)
                 got[impl] = row(loop, (batch, *sizes), name, precision=name, batch=batch,

@@ -122,7 +122,7 @@ def compare_with_torch(rows: list[dict]) -> None:
 
 
 def _row(m: Any, precision: str, batch: int) -> dict:
-    from cudalab.lessons import _resnet as R
+    from cudalab.lessons import resnet as R
 
     return row(m, (batch, 224, 224, 3), R.DTYPE_OF[precision], precision=precision, batch=batch,
                images_per_s=R.images_per_s(batch, m.median),
@@ -132,12 +132,13 @@ def _row(m: Any, precision: str, batch: int) -> dict:
 def _precision_rows(cudalab: Any, torch: Any, cpu_module: Any, state: dict, timer: Any,
                     precision: str, batches: Sequence[int], x_h: Any) -> list[dict]:
     from cudalab import models
-    from cudalab.lessons import _resnet as R
+    from cudalab.lessons import resnet as R
+    from cudalab.models import torch_twin as TW
 
     model = models.resnet50(state, precision=precision)
     ceiling = R.CEILING_OF[precision]
     rows = []
-    with R.torch_session(torch, cpu_module, precision) as twin:
+    with TW.torch_session(torch, cpu_module, precision) as twin:
         for b in batches:
             x = cudalab.asarray(x_h[:b])
             out = cudalab.empty((b, 1000), dtype="float32")
@@ -172,10 +173,10 @@ def _fp32_agreement(cudalab: Any, torch: Any, cpu_module: Any, state: dict, x_h:
     import numpy as np
 
     from cudalab import models
-    from cudalab.lessons import _resnet as R
+    from cudalab.models import torch_twin as TW
 
     ours = models.resnet50(state, precision="fp32")(cudalab.asarray(x_h[:1])).get()
-    with R.torch_session(torch, cpu_module, "fp32") as twin:
+    with TW.torch_session(torch, cpu_module, "fp32") as twin:
         theirs = twin.call("eager", twin.inputs(x_h[:1])["eager"])().float().cpu().numpy()
     err = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     return {"fp32_b1_max_rel_err_vs_torch": err}
@@ -187,15 +188,16 @@ def run(quick: bool = False, extra: dict | None = None) -> list[dict]:
     import cudalab
     from cudalab import models
     from cudalab.bench import Timer
-    from cudalab.lessons import _resnet as R
+    from cudalab.lessons import resnet as R
+    from cudalab.models import torch_twin as TW
 
     torch = torch_cuda()
-    tv = R.torchvision_or_none() if torch is not None else None
+    tv = TW.torchvision_or_none() if torch is not None else None
     batches = QUICK_BATCHES if quick else BATCHES
     timer = Timer(preset(quick), hold=False)
     state = models.init_weights(seed=SEED)
     x_h = R.images(SEED, max(batches))
-    cpu_module = None if tv is None else R.torch_resnet50(torch, tv, state)
+    cpu_module = None if tv is None else TW.torch_resnet50(torch, tv, state)
     if cpu_module is not None and extra is not None:
         extra.update(_fp32_agreement(cudalab, torch, cpu_module, state, x_h))
     rows: list[dict] = []

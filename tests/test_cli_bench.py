@@ -105,7 +105,7 @@ def test_timing_options_default_to_the_sustained_preset():
 
 
 def test_timer_from_the_options():
-    from cudalab.cli_bench import _timer
+    from cudalab.cli.bench import _timer
 
     timer = _timer(parse("bench", "copy", "--preset", "quick", "--warmup", "0.3"), None)
     assert timer.settings == PRESETS["quick"].replace(warmup=0.3)
@@ -212,7 +212,7 @@ def fake_device(monkeypatch):
     """cli_bench with device 0 'present' and measure_cases giving synthetic Measurements."""
     import types
 
-    from cudalab import cli_bench
+    from cudalab.cli import bench as cli_bench
     from cudalab.bench import Measurement
 
     props = types.SimpleNamespace(name="Fake GPU", peak_flops={"float16": 1e15, "tfloat32": 5e14},
@@ -263,7 +263,7 @@ def test_bench_copy_and_transfer_tables(fake_device, tmp_path, capsys):
 
 
 def test_ceilings_json_rows(monkeypatch, tmp_path, capsys):
-    from cudalab import cli_bench
+    from cudalab.cli import bench as cli_bench
     from cudalab.bench import Ceiling, Ceilings, Measurement
 
     m = Measurement(label="ceiling", sub_label="copy", times=(1e-3,) * 5, bytes=2e9, device="Fake GPU")

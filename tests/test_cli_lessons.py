@@ -17,7 +17,8 @@ import json
 import pytest
 
 import cudalab
-from cudalab import cli, cli_lessons, lessons
+from cudalab import cli, lessons
+from cudalab.cli import lessons as cli_lessons
 from cudalab.bench import read_results as read_bench_results
 from cudalab.bench.baseline import load_baseline
 from cudalab.lessons import registry
@@ -201,7 +202,7 @@ def test_every_lesson_command_has_help(command):
 
 
 @no_gpu_only
-@pytest.mark.parametrize("args", [("lesson", "demo", "--quick"), ("run-all",),
+@pytest.mark.parametrize("args", [("run-all",),
                                   ("cpu-vs-gpu", "--matrix-size", "8192", "--iterations", "100"),
                                   ("memory", "--batch-sizes", "16,32,64,128")], ids=" ".join)
 def test_without_gpu_each_command_exits_1_in_one_line(args, fake_lessons, tmp_path, capsys):
@@ -209,6 +210,20 @@ def test_without_gpu_each_command_exits_1_in_one_line(args, fake_lessons, tmp_pa
     assert main(*args, "--json", str(out), "--markdown", str(tmp_path / "r.md")) == 1
     captured = capsys.readouterr()
     assert captured.err == f"cudalab {args[0]}: no CUDA device is available.\n"
+    assert captured.out == "" and not out.exists() and not (tmp_path / "r.md").exists()
+
+
+@no_gpu_only
+def test_without_gpu_lesson_says_where_to_read_its_results(fake_lessons, tmp_path, capsys):
+    """`cudalab lesson NAME` adds what to read instead (issue 22 item 7; see
+    test_errors_name_caller_cpu.py for a real lesson's notebook and results)."""
+    out = tmp_path / "r.json"
+    assert main("lesson", "demo", "--quick", "--json", str(out), "--markdown",
+                str(tmp_path / "r.md")) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert lines[0] == "cudalab lesson: no CUDA device is available."
+    assert "Without a GPU" in lines[1] and "'demo'" in lines[1]
     assert captured.out == "" and not out.exists() and not (tmp_path / "r.md").exists()
 
 

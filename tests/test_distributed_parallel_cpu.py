@@ -603,7 +603,7 @@ def test_ddp_without_init_names_init(fake):
 
 
 class HookLayer:
-    """What _backward_layers uses of a Linear; _backward logs its call."""
+    """What backward_layers uses of a Linear; _backward logs its call."""
 
     def __init__(self, log, i, activation):
         self.log, self.i, self.activation = log, i, activation
@@ -622,14 +622,14 @@ class HookLayer:
 def test_backward_layers_fuses_each_previous_activation_and_calls_the_hook():
     log = []
     layers = [HookLayer(log, i, act) for i, act in enumerate(["gelu", "relu", None])]
-    got = layers_mod._backward_layers(layers, "gL", True, lambda i: log.append(("hook", i)))
+    got = layers_mod.backward_layers(layers, "gL", True, lambda i: log.append(("hook", i)))
     assert got is None
     assert log == [("layer", 2, "gL", True, True, "relu", "aux1", "input2"), ("hook", 2),
                    ("layer", 1, "g2", True, True, "gelu", "aux0", "input1"), ("hook", 1),
                    ("layer", 0, "g1", True, False, None, None, None), ("hook", 0)]
     log.clear()
     # A pipeline stage after the first: its first layer's input gradient, into a given array.
-    got = layers_mod._backward_layers(layers[:1], "g", False, None, "box")
+    got = layers_mod.backward_layers(layers[:1], "g", False, None, "box")
     assert got == "g0" and log == [("layer", 0, "g", False, True, None, None, "box")]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudalab import lessons
-from cudalab.lessons import _analysis as common
+from cudalab.lessons import analysis as common
 from cudalab.lessons import _measuring, context, creation, dtypes, transfers
 from cudalab.lessons.result import LessonResult
 

@@ -10,7 +10,8 @@ from _support import REPO_ROOT
 
 import cudalab
 from cudalab import lessons
-from cudalab.lessons import _training, profiling
+from cudalab.lessons import profiling
+from cudalab.lessons import training as _training
 
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "relu", "where"})
 

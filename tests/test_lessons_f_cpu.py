@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cudalab import lessons
-from cudalab.lessons import _training
+from cudalab.lessons import training as _training
 from cudalab.lessons import amp
 from cudalab.lessons import grad_accumulation as ga
 from cudalab.lessons import profiling

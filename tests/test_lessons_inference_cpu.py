@@ -11,8 +11,9 @@ import pytest
 
 import cudalab
 from cudalab import cli, lessons
-from cudalab.cli_inference import lesson_params
-from cudalab.lessons import _resnet as R
+from cudalab.cli.inference import lesson_params
+from cudalab.lessons import resnet as R
+from cudalab.models import torch_twin as TW
 from cudalab.lessons import conv_as_gemm as CG
 from cudalab.lessons import inference as INF
 from _support import no_gpu_only
@@ -190,7 +191,7 @@ def _fake_torch(tf32: bool, bench: bool):
 @pytest.mark.parametrize("precision,inside", [("fp32", False), ("tf32", True), ("fp16", False)])
 def test_torch_precision_pins_tf32_and_restores(precision, inside):
     torch = _fake_torch(tf32=not inside, bench=False)
-    with R.TorchPrecision(torch, precision):
+    with TW.TorchPrecision(torch, precision):
         b = torch.backends
         assert b.cuda.matmul.allow_tf32 is inside and b.cudnn.allow_tf32 is inside
         assert b.cudnn.benchmark is True
@@ -201,13 +202,13 @@ def test_torch_precision_pins_tf32_and_restores(precision, inside):
 
 def test_torchvision_twin_holds_our_weights():
     torch = pytest.importorskip("torch")
-    tv = R.torchvision_or_none()
+    tv = TW.torchvision_or_none()
     if tv is None:
         pytest.skip("torchvision does not import")
     import cudalab.models as models
 
     state = models.init_weights(seed=1, random_stats=True)
-    module = R.torch_resnet50(torch, tv, state)
+    module = TW.torch_resnet50(torch, tv, state)
     assert not module.training
     back = models.from_torchvision(module)
     assert all((back[k] == v).all() for k, v in state.items())
@@ -322,7 +323,7 @@ def test_bench_compare_with_torch(bench):
 
 
 def test_torch_session_without_torch_yields_none():
-    with R.torch_session(None, object(), "fp16") as twin:
+    with TW.torch_session(None, object(), "fp16") as twin:
         assert twin is None
-    with R.torch_session(object(), None, "fp16") as twin:
+    with TW.torch_session(object(), None, "fp16") as twin:
         assert twin is None

@@ -15,7 +15,7 @@ import pytest
 import cudalab
 from cudalab import lessons
 from cudalab.bench import Measurement
-from cudalab.lessons import _multi_gpu as M
+from cudalab.lessons import multi_gpu as M
 from cudalab.lessons import allreduce as A
 from cudalab.lessons import data_parallel as D
 from cudalab.lessons import multi_gpu_inference as I

@@ -18,7 +18,8 @@ from dataclasses import FrozenInstanceError, fields
 import pytest
 
 import cudalab
-from cudalab import _nvml, cli, monitor
+from cudalab import _nvml, monitor
+from cudalab.cli import check as cli
 from cudalab.monitor import FIELDS, GpuMonitor, GpuSample, NvmlError, NvmlUnavailableError
 from _support import assert_arg_error, no_gpu_only
 

@@ -27,7 +27,7 @@ from _support import F32, random_array, rel_err, torch_cuda, widen
 import cudalab
 import cudalab.nn as nn
 from cudalab.nn import reference as ref
-from cudalab.lessons._training import torch_twin  # the same MLP in torch.nn
+from cudalab.nn.torch_twin import torch_twin  # the same MLP in torch.nn
 
 pytestmark = pytest.mark.gpu
 

@@ -107,7 +107,7 @@ from . import monitor
 # Op profiler (Measurement): cudalab.profiler.profile(), record_function.
 from . import profiler
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "MAX_NDIM",

@@ -18,7 +18,8 @@
 * `host_clock` / `host_measurement`: host-clock timing for host-side figures.
 * Results files (`cudalab.bench.results`): one JSON schema with one machine
   block, written by `write_results` and read by `read_results`; baselines
-  and regressions in `cudalab.bench.baseline`.
+  and regressions in `cudalab.bench.baseline` (`load_baseline(path)`,
+  `compare(measurement, baseline)`: a `Comparison`).
 """
 
 from . import baseline, cases, results
@@ -26,7 +27,7 @@ from .baseline import Comparison, compare, load_baseline, parse_threshold
 from .cases import (MATMUL_DTYPES, Case, CopyCase, LaunchCase, MatmulCase, Prepared, TransferCase,
                     torch_cuda)
 from .ceilings import CEILING_NAMES, Ceiling, Ceilings, ceiling, ceiling_preset, ceilings
-from .compare import Compare
+from .compare_table import Compare
 from .hostclock import host_clock, host_measurement
 from .measurement import Measurement, format_time
 from .presets import PRESETS, Preset, get_preset

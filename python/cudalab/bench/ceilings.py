@@ -43,7 +43,7 @@ from ..devices import get_device_properties
 from .cases import MATMUL_DTYPES, Case, CopyCase, LaunchCase, MatmulCase, TransferCase
 from .measurement import Measurement, format_time
 from .results import Row
-from .timer import Timer
+from .timer import Timer, set_ceiling_resolver
 
 __all__ = ["CEILING_NAMES", "Ceiling", "Ceilings", "ceiling", "ceiling_preset", "ceilings",
            "resolve_ceiling"]
@@ -335,3 +335,7 @@ def resolve_ceiling(spec: Any, flops: float | None, bytes: float | None,
         return None, None, None
     c = ceiling(name)
     return c.name, c.value, c.unit
+
+
+# Timer.measure resolves its `ceiling` argument with this (see set_ceiling_resolver).
+set_ceiling_resolver(resolve_ceiling)

@@ -44,6 +44,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy
+
+from .. import _core
+from .._version import __version__
 from .measurement import Measurement
 
 __all__ = [
@@ -363,10 +367,6 @@ def machine_info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         `cudalab._nvml.sample` per device; empty without a GPU) and ``git``
         (``commit`` and ``dirty``, or None).
     """
-    import numpy
-
-    from .. import _core, __version__
-
     available = bool(_core.is_available())
     versions = {"python": platform.python_version(), "cudalab": __version__,
                 "numpy": numpy.__version__}

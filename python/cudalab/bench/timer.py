@@ -80,6 +80,18 @@ TIMING_OPTIONS = (*SETTING_NAMES, "hold", "stream")
 WORK_OPTIONS = ("flops", "bytes", "ceiling", "label", "sub_label", "description", "metadata")
 MEASURE_OPTIONS: tuple[str, ...] = ("preset", *TIMING_OPTIONS, *WORK_OPTIONS)
 
+# How measure() turns its `ceiling` argument into (name, value, unit). The ceilings
+# are measured through Timer, so cudalab.bench.ceilings imports this module; it
+# installs its resolve_ceiling here when it loads (cudalab.bench imports it before
+# any Timer can run) instead of this module importing it back.
+_resolve_ceiling: Callable[..., tuple[Any, Any, Any]] | None = None
+
+
+def set_ceiling_resolver(resolve: Callable[..., tuple[Any, Any, Any]]) -> None:
+    """Install `resolve` (cudalab.bench.ceilings.resolve_ceiling) for measure()'s `ceiling`."""
+    global _resolve_ceiling
+    _resolve_ceiling = resolve
+
 
 def _flush_l2(buffer: Any) -> None:
     """Overwrite `buffer` (read + write), evicting whatever the L2 held."""
@@ -359,8 +371,7 @@ class Timer:
                        sub_label: str | None = None, description: str | None = None,
                        metadata: dict[str, Any] | None = None) -> tuple[Measurement, Any]:
         """`measure`, also returning the result of fn's first call (for checking it)."""
-        from .ceilings import resolve_ceiling  # ceilings measure through this module
-
+        resolve_ceiling = _resolve_ceiling
         func = self._func
         if not callable(fn):
             raise TypeError(f"{func}() argument 'fn': expected a callable, got {type(fn).__name__}")

@@ -41,9 +41,11 @@ import numpy as np
 
 from .. import _core
 from ..devices import device as _device
-from ..nn._util import Buffers, arg_error, check_array
+from .._buffers import Buffers
+from .._check import arg_error, check_array
 from ..nn.layers import MLP
 from ..nn.precision import Precision, get_precision
+from .library import load
 
 __all__ = ["DataParallel", "split_rows"]
 
@@ -196,7 +198,6 @@ class DataParallel:
         self.replicas: list[MLP] = [module]
         self._comms: list[Any] = []
         if len(device_ids) > 1:
-            from .library import load
             load()
             self._comms = _core._nccl_init_all(device_ids, TIMEOUT)
             for d in device_ids[1:]:

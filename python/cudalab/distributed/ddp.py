@@ -50,13 +50,16 @@ import numpy as np
 
 from .. import _core
 from ..devices import device as _device
-from ..nn._util import F32, arg_error
+from .._check import arg_error
 from ..nn.precision import PRECISIONS
+from .group import ProcessGroup, get_group
 
 __all__ = ["Bucket", "DistributedDataParallel", "assign_buckets"]
 
 # NCCL's reduction code for the average (sum / world_size), as the C layer takes it.
 _AVG = 4
+# Parameters, their gradients and the flat buckets are float32 (nn's master dtype).
+F32 = np.dtype(np.float32)
 # Each gradient starts this many elements into its bucket after the previous one
 # (256 bytes, the pool's alignment): a view looks to cuBLASLt and the optimizers
 # like an allocation of its own.
@@ -305,7 +308,6 @@ class DistributedDataParallel:
 
     @staticmethod
     def _resolve_group(group: Any) -> Any:
-        from .group import ProcessGroup, get_group
         if group is None:
             group = get_group()
         elif not isinstance(group, ProcessGroup):

@@ -53,13 +53,17 @@ import numpy as np
 
 from .. import _core
 from ..devices import device as _device
-from ..nn._util import F32, Buffers, arg_error, check_array
-from ..nn.layers import MLP, Linear, _backward_layers
+from .._buffers import Buffers
+from .._check import arg_error, check_array
+from ..nn.layers import MLP, Linear, backward_layers
 from ..nn.precision import Precision, get_precision
 from .data_parallel import (_check_count, _on_device, check_devices, check_present,
                             enable_peers, split_rows)
 
 __all__ = ["Pipeline", "PipelineTimings", "split_stages"]
+
+# Losses and loss scales are float32, as nn computes them.
+F32 = np.dtype(np.float32)
 
 
 def split_stages(costs: Sequence[int], stages: int) -> list[tuple[int, int]]:
@@ -501,7 +505,7 @@ class Pipeline:
                     _core.relu_grad(g, st.outputs[k], out=g)
             # A stage after the first sends its input's gradient back, written over its
             # input (the received activation, which the weight gradient has read).
-            gin = _backward_layers(twins, g, accumulate, None,
+            gin = backward_layers(twins, g, accumulate, None,
                                    twins[0].input if s > 0 else None)
             if self.timing:
                 st.timing[k][3].record(stream)

@@ -25,7 +25,8 @@ from .results import markdown, read_results, write_results
 __all__ = ["Check", "Claim", "Finding", "Lesson", "LessonCheckError", "LessonResult",
            "LessonRun", "get", "markdown", "names", "read_results", "run", "write_results"]
 
-_FRAMEWORK = {"registry", "result", "results"}
+# The lessons' machinery and shared helpers: modules of this package that are not lessons.
+_FRAMEWORK = {"analysis", "multi_gpu", "registry", "resnet", "result", "results", "training"}
 
 # Each lesson module registers itself on import; a new lesson is a new module.
 for _info in pkgutil.iter_modules(__path__):

@@ -13,7 +13,7 @@ Each rank:
    events after a barrier (cudalab, then torch, on the same data);
 3. times an 8-byte all_reduce issued in a host loop (per call), the same
    captured in a CUDA graph (per call of a replay), and torch's loop;
-4. writes everything to ``DIR/rank<R>.json`` (`_multi_gpu.run_worker`).
+4. writes everything to ``DIR/rank<R>.json`` (`multi_gpu.run_worker`).
 
 The timed all_reduces are in place and repeated, so the buffer's values grow
 by a factor of world_size per call and reach inf within a few hundred calls;
@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from . import _multi_gpu as M
+from . import multi_gpu as M
 
 # The seeds of the ranks' data: rank r draws from SEED + r.
 SEED = 2024

@@ -33,8 +33,9 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from . import _multi_gpu as M
-from . import _training as T
+from . import multi_gpu as M
+from ..nn import torch_twin as TT
+from . import training as T
 
 # A timed repeat aims at this much GPU time; warm-up steps before the estimate.
 TARGET_REPEAT_S = 0.02
@@ -184,10 +185,10 @@ def _torch_batch(cudalab: Any, tg: M.TorchGroup, clock: _Clock, p: dict[str, Any
                 return module(tx)
         return run
 
-    with T.Tf32(torch, prec == "tf32"):
-        twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=seed))
-        opt = T.torch_adamw(torch, twin.parameters(), lr)
-        step = T.torch_train_step(torch, twin, opt, None, prec)
+    with TT.Tf32(torch, prec == "tf32"):
+        twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=seed))
+        opt = TT.torch_adamw(torch, twin.parameters(), lr)
+        step = TT.torch_train_step(torch, twin, opt, None, prec)
         res["torch plain"] = clock.time(lambda: step(tx, tl), torch=True)
         res["torch forward"] = clock.time(forward(twin), torch=True)
         del twin, opt, step
@@ -195,12 +196,12 @@ def _torch_batch(cudalab: Any, tg: M.TorchGroup, clock: _Clock, p: dict[str, Any
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             for wire in ("fp32", "bf16"):
-                twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=seed))
+                twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=seed))
                 ddp = torch.nn.parallel.DistributedDataParallel(twin, device_ids=[tg.device])
                 if wire == "bf16":
                     ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-                opt = T.torch_adamw(torch, ddp.parameters(), lr)
-                step = T.torch_train_step(torch, ddp, opt, None, prec)
+                opt = TT.torch_adamw(torch, ddp.parameters(), lr)
+                step = TT.torch_train_step(torch, ddp, opt, None, prec)
                 res[f"torch ddp {wire}"] = clock.time(lambda: step(tx, tl), torch=True)
                 if wire == "fp32":
                     res["torch ddp forward"] = clock.time(forward(ddp), torch=True)

@@ -12,13 +12,14 @@ copy, and the copy only pays off when the contiguous array is used again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 import cudalab
 
 from ._measuring import break_even_uses, pick, random_array, ratio, rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 TRANSPOSE_METHODS = ("naive", "coalesced_write", "tiled", "tiled_padded", "best")
@@ -136,13 +137,20 @@ TORCH_TWINS = {"torch x.T view, sum dim 0": "x.T view, sum axis 0",
                "torch x.t().contiguous()": "transpose best"}
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("access_patterns", p, "size")
+    P.int_lists("access_patterns", p, "steps")
+
+
 @lesson(7, "access_patterns", title="Memory access patterns: strided views, copies, transposes",
         seed="Colab notebook lesson 7 (memory access patterns: sum of x.T vs "
              "x.T.contiguous() on 4096 x 4096, 0.27 vs 1.32 ms on a T4); guides' memory "
              "access and coalescing sections",
         params={"size": 8192, "steps": (1, 2, 4, 8, 16, 32)},
         quick_params={"size": 4096, "steps": (1, 8, 32)},
-        torch_twin=TORCH_TWINS.get)
+        torch_twin=TORCH_TWINS.get,
+        check=check_params)
 def run(r: LessonRun) -> None:
     n = int(r.params["size"])
     steps = sorted(int(k) for k in r.params["steps"])

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from ._analysis import fit_latency_bandwidth, format_bytes_short
-from . import _multi_gpu as M
+from .analysis import fit_latency_bandwidth, format_bytes_short
+from . import multi_gpu as M
 from .registry import LessonRun, lesson
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -187,7 +187,8 @@ def worst_error(results: Sequence[Mapping[str, Any]], key: str) -> dict[int, flo
         params={"sizes": FULL_SIZES, "gpus": None, "repeats": 20, "budget_s": 1.0,
                 "latency_calls": 1000, "graph_calls": 100, "torch": True, "timeout": 600.0},
         quick_params={"sizes": QUICK_SIZES, "repeats": 8, "budget_s": 0.2,
-                      "latency_calls": 200, "graph_calls": 50, "timeout": 120.0})
+                      "latency_calls": 200, "graph_calls": 50, "timeout": 120.0},
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
 

@@ -22,8 +22,10 @@ import cudalab
 from cudalab import nn
 
 from ..bench import host_clock, host_measurement
-from . import _training as T
+from ..nn import torch_twin as TT
+from . import training as T
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 PRECISIONS = tuple(nn.PRECISIONS)
@@ -202,11 +204,11 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tu
                name: str) -> dict[str, Any]:
     """PyTorch trains the same MLP in precision `name`: losses, scale history, timings."""
     p = r.params
-    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
-    scaler = (T.torch_grad_scaler(torch, INIT_SCALE, p["growth_interval"]) if name == "fp16"
+    twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    opt = TT.torch_adamw(torch, twin.parameters(), p["lr"])
+    scaler = (TT.torch_grad_scaler(torch, INIT_SCALE, p["growth_interval"]) if name == "fp16"
               else None)
-    step = T.torch_train_step(torch, twin, opt, scaler, name)
+    step = TT.torch_train_step(torch, twin, opt, scaler, name)
     losses, scales = [], []
     for i in range(p["steps"]):
         x, labels = tb[i % len(tb)]
@@ -230,10 +232,10 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tu
 
 def _theirs(r: LessonRun, torch: Any, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any]],
             names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    tb = T.torch_batches(torch, batches)
+    tb = TT.torch_batches(torch, batches)
     out = {}
     for name in names:
-        with T.Tf32(torch, name == "tf32"):
+        with TT.Tf32(torch, name == "tf32"):
             out[name] = _torch_one(r, torch, sizes, tb, name)
     return out
 
@@ -259,6 +261,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]
                          f"{', '.join(PRECISIONS)}, got {names!r}")
     if "fp32" not in names:
         raise ValueError("lesson 'amp': precisions must include 'fp32' (the reference)")
+    P.seed("amp", p)
     return sizes, names
 
 
@@ -271,7 +274,8 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]
                 "batch": 1024, "steps": 300, "batches": 32, "lr": 2e-4, "growth_interval": 2000,
                 "loop_steps": 50, "precisions": PRECISIONS, "seed": 0},
         quick_params={"in_features": 64, "hidden": (256, 256), "batch": 256, "steps": 100,
-                      "batches": 8, "lr": 1e-3, "loop_steps": 20})
+                      "batches": 8, "lr": 1e-3, "loop_steps": 20},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, names = check_params(p)

@@ -12,12 +12,13 @@ cost per GEMM beside the bare kernel-launch ceiling.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import cudalab
 
 from ..bench import ceiling
 from ._measuring import host_time, pick, random_array, ratio, rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # A method at least this many times faster than another counts as a real win;
@@ -156,11 +157,18 @@ def _reference_size(sizes) -> int:
     return min(sizes, key=lambda s: abs(s - TUTORIAL_SIZE))
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("batching", p, "batch")
+    P.int_lists("batching", p, "sizes")
+
+
 @lesson(4, "batching", title="Many small GEMMs: a loop, one batched call, a CUDA graph",
         seed="Colab notebook lesson 4 (batching for arithmetic intensity: 32 x 256^2 mm loop "
              "vs bmm, 5.03x on a T4); guides' batching sections",
         params={"batch": 32, "sizes": (64, 128, 256, 512, 1024)},
-        quick_params={"sizes": (64, 256)})
+        quick_params={"sizes": (64, 256)},
+        check=check_params)
 def run(r: LessonRun) -> None:
     n = int(r.params["batch"])
     sizes = tuple(int(s) for s in r.params["sizes"])

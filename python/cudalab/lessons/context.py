@@ -22,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import cudalab
 
 from ..bench import host_measurement
-from ._analysis import MIB
+from .analysis import MIB
+from . import _params as P
 from .registry import LessonRun, lesson
 
 STAGES = ("context", "first op", "first matmul")
@@ -275,9 +276,16 @@ def _findings(r: LessonRun, rows: list[dict[str, Any]], impls: list[str]) -> Non
                 f"{total:.0f} MiB the driver sees")
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("context", p, "runs")
+    P.bools("context", p, "torch")
+
+
 @lesson(0, "context", title="The memory and time a CUDA context costs before any data",
         seed="Colab notebook lesson 0 (GPU memory baseline: CUDA overhead)",
-        params={"runs": 3, "torch": True}, quick_params={"runs": 1})
+        params={"runs": 3, "torch": True}, quick_params={"runs": 1},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     device = cudalab.current_device()

@@ -232,7 +232,8 @@ def _fusion_rows(r: LessonRun, L: _Layer, dtype: str) -> dict[str, float]:
         seed="ResNet-50 in NHWC as GEMMs (the inference lesson's network); guides' kernel "
              "fusion sections (fewer memory passes)",
         params={"batch": 32, "dtype": "float16"},
-        quick_params={"batch": 8})
+        quick_params={"batch": 8},
+        check=check_params)
 def run(r: LessonRun) -> None:
     from .. import models
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 import cudalab
 from ..bench import host_clock, host_measurement
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # The guide's expected matmul speedup range.
@@ -260,18 +261,26 @@ def _findings(r: LessonRun, threads: int, source: str) -> None:
                 why=f"float32 {why} (CPU: {threads} threads)")
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    unknown = [d for d in p["dtypes"] if d not in MATMUL_TOLERANCE]
+    if unknown:
+        raise ValueError(f"lesson 'cpu_vs_gpu': dtypes {unknown} are not among "
+                         f"{', '.join(MATMUL_TOLERANCE)}")
+    P.ints("cpu_vs_gpu", p, "matrix_size", "iterations")
+    P.numbers("cpu_vs_gpu", p, "cpu_seconds")
+
+
 @lesson(9, "cpu_vs_gpu", title="NumPy on the CPU vs cudalab on the GPU",
         seed="step-by-step guide: cpu_vs_gpu_benchmark.py (--matrix-size 8192 --iterations 100, "
              "expected speedups 50-100x for matrix multiplication)",
         params={"matrix_size": 8192, "iterations": 100, "dtypes": ("float64", "float32", "float16"),
                 "cpu_seconds": 8.0},
-        quick_params={"matrix_size": 1024, "iterations": 10, "cpu_seconds": 0.5})
+        quick_params={"matrix_size": 1024, "iterations": 10, "cpu_seconds": 0.5},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
-    unknown = [d for d in p["dtypes"] if d not in MATMUL_TOLERANCE]
-    if unknown:
-        raise ValueError(f"lesson 'cpu_vs_gpu': dtypes {unknown} are not among "
-                         f"{', '.join(MATMUL_TOLERANCE)}")
+    check_params(p)
     rng = np.random.default_rng(9)
     threads, source = cpu_threads()
     for dtype in p["dtypes"]:

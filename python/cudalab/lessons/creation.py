@@ -12,14 +12,15 @@ and copy, and places each against the measured PCIe (``h2d``) and HBM
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from ._analysis import MIB, claim_at_least, claim_within, first_at_least
+from .analysis import MIB, claim_at_least, claim_within, first_at_least
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # The host path's cost as a multiple of device generation that the lesson
@@ -180,11 +181,18 @@ def _torch_twin(label: str) -> str | None:
     return "device normal " + label[len(prefix):] if label.startswith(prefix) else None
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.int_lists("creation", p, "sizes")
+    P.ints("creation", p, "repeats")
+
+
 @lesson(1, "creation", title="Create on the device, not on the host and copy",
         seed="Colab notebook lesson 1 (device management and tensor creation)",
         params={"sizes": (256, 512, 1024, 2048, 4096), "repeats": 20},
         quick_params={"sizes": (256, 1024, 2048), "repeats": 5},
-        torch_twin=_torch_twin)
+        torch_twin=_torch_twin,
+        check=check_params)
 def run(r: LessonRun) -> None:
     sizes = sorted(int(n) for n in r.params["sizes"])
     rng = np.random.default_rng(1)

@@ -31,9 +31,10 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from . import _multi_gpu as M
+from . import multi_gpu as M
 from ._ddp_worker import OPTIM_IN_BACKWARD  # DDP, bf16 gradients, AdamW stepped per bucket
-from . import _training as T
+from . import training as T
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -171,6 +172,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
         if not isinstance(p[name], bool):
             raise ValueError(f"lesson 'data_parallel': {name} must be True or False, "
                              f"got {p[name]!r}")
+    P.seed("data_parallel", p)
     return sizes, tuple(sorted(batches, reverse=True))
 
 
@@ -308,7 +310,8 @@ def _dp_check(r: LessonRun, cudalab: Any, nn: Any, DataParallel: Any, sizes: tup
                 "lr": 1e-4, "repeats": 20, "budget_s": 1.0, "check_rows": 64, "check_steps": 3,
                 "torch": True, "data_parallel": True, "timeout": 600.0, "seed": 0},
         quick_params={"batches": (2048, 256), "repeats": 8, "budget_s": 0.25, "check_rows": 16,
-                      "check_steps": 2, "timeout": 120.0})
+                      "check_steps": 2, "timeout": 120.0},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, batches = check_params(p)

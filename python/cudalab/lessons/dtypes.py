@@ -11,14 +11,15 @@ faster than) float32. The lesson says which from its own numbers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 import cudalab
 
-from ._analysis import claim_at_least
+from .analysis import claim_at_least
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # fp64 at this fraction of the fp32 rate or more: full-rate fp64 (FP64 tensor
@@ -157,11 +158,18 @@ def _claims(r: LessonRun, rate: dict[str, float]) -> None:
             claim_at_least(r, text, tutorial, x, "x", f"{fast} at {x:.1f}x {slow} here")
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("dtypes", p, "size", "ref_rows")
+    P.among("dtypes", p, "dtypes", ITEMSIZE)
+
+
 @lesson(2, "dtypes", title="Matmul speed and accuracy per dtype",
         seed="Colab notebook lesson 2 (data type optimization, tensor cores)",
         params={"size": 8192, "ref_rows": 64,
                 "dtypes": ("float64", "float32", "tf32", "float16", "bfloat16")},
-        quick_params={"size": 2048})
+        quick_params={"size": 2048},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     n = int(p["size"])

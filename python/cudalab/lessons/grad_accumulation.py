@@ -22,8 +22,10 @@ import numpy as np
 import cudalab
 from cudalab import nn
 
-from . import _training as T
+from ..nn import torch_twin as TT
+from . import training as T
 from ._measuring import ratio, rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 2**20
@@ -128,8 +130,8 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tx: Any, tl: An
     c.synchronize()
     before = c.memory_allocated()
     c.reset_peak_memory_stats()
-    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
+    twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    opt = TT.torch_adamw(torch, twin.parameters(), p["lr"])
     micro = [(tx[s], tl[s]) for s in micro_slices(tx.shape[0], k)]
 
     def step() -> None:
@@ -178,6 +180,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
     lr = p["lr"]
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise ValueError(f"lesson 'grad_accumulation': lr must be a number in (0, 1), got {lr!r}")
+    P.seed("grad_accumulation", p)
     return sizes, (1, *sorted(int(k) for k in ks))
 
 
@@ -187,7 +190,8 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
              "optimizer step), no figure given",
         params={"in_features": 1024, "hidden": (4096, 4096, 4096), "classes": 16, "batch": 8192,
                 "ks": (2, 4, 8), "precision": "fp32", "lr": 1e-4, "seed": 0},
-        quick_params={"in_features": 64, "hidden": (256, 256), "batch": 1024, "ks": (2, 4)})
+        quick_params={"in_features": 64, "hidden": (256, 256), "batch": 1024, "ks": (2, 4)},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, ks = check_params(p)
@@ -201,8 +205,8 @@ def run(r: LessonRun) -> None:
     torch = r.torch()
     theirs = {}
     if torch is not None:
-        tx, tl = T.torch_batches(torch, [(x, labels)])[0]
-        with T.Tf32(torch, p["precision"] == "tf32"):
+        tx, tl = TT.torch_batches(torch, [(x, labels)])[0]
+        with TT.Tf32(torch, p["precision"] == "tf32"):
             theirs = {k: _torch_one(r, torch, sizes, tx, tl, k) for k in ks}
     for impl, results in (("cudalab", ours), ("torch", theirs)):
         for k, v in results.items():

@@ -12,7 +12,7 @@ once ever wins.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,6 +20,7 @@ import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
 from ._measuring import break_even_uses, host_time, random_array, ratio, rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # Replay counts as a real win per op when it is at least this much faster than eager.
@@ -143,15 +144,23 @@ def _torch_graph(torch: Any) -> Callable[[Callable[[], None]], Any]:
     return capture
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    ks = sorted(int(k) for k in p["ks"])
+    if not ks or ks[0] < 1 or int(p["captures"]) < 1:
+        raise ValueError("lesson 'graphs': every K and 'captures' must be >= 1")
+    P.ints("graphs", p, "elements")
+
+
 @lesson(14, "graphs", title="CUDA graphs: per-op cost, capture cost and break-even",
         seed="Guides' CUDA graph sections (torch.cuda.CUDAGraph capture and replay: 'much "
              "faster for repeated patterns'); Colab notebook summary (overhead-bound regime)",
         params={"ks": (1, 4, 16, 64, 256), "elements": 1024, "captures": 5},
-        quick_params={"ks": (1, 16, 64), "captures": 3})
+        quick_params={"ks": (1, 16, 64), "captures": 3},
+        check=check_params)
 def run(r: LessonRun) -> None:
+    check_params(r.params)
     ks = sorted(int(k) for k in r.params["ks"])
-    if ks[0] < 1 or int(r.params["captures"]) < 1:
-        raise ValueError("lesson 'graphs': every K and 'captures' must be >= 1")
     x_h = random_array(len(ks), (int(r.params["elements"]),))
     x = cudalab.asarray(x_h)
     res = [_measure_k(r, "cudalab", k, x, x_h, cudalab, _cudalab_graph, cudalab.synchronize)

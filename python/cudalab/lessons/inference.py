@@ -24,8 +24,10 @@ import numpy as np
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from . import _resnet as R
+from ..models import torch_twin as TW
+from . import resnet as R
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # GPU logits vs the float32 NumPy reference, relative to the largest |logit|:
@@ -116,6 +118,7 @@ def check_params(p: Any) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, .
     precisions = R.check_precisions(p["precisions"], "lesson 'inference': precisions")
     cpu = R.check_batch_sizes(p["cpu_batch_sizes"], "lesson 'inference': cpu_batch_sizes") \
         if len(p["cpu_batch_sizes"]) else ()
+    P.bools("inference", p, "graph")
     return batches, precisions, cpu
 
 
@@ -187,8 +190,8 @@ def _torch_cpu_module(state: dict) -> tuple[Any, Any] | None:
         import torch
     except ImportError:
         return None
-    tv = R.torchvision_or_none()
-    return None if tv is None else (torch, R.torch_resnet50(torch, tv, state))
+    tv = TW.torchvision_or_none()
+    return None if tv is None else (torch, TW.torch_resnet50(torch, tv, state))
 
 
 def _check_batch1(r: LessonRun, model: Any, precision: str, x1: np.ndarray,
@@ -250,7 +253,7 @@ def _precision(r: LessonRun, state: dict, precision: str, batches: Sequence[int]
         _check_batch1(r, model, precision, x_h[:1], ref1)
     torch = r.torch() if cpu_module is not None else None
     got: dict[int, dict[str, float]] = {}
-    with R.torch_session(torch, cpu_module, precision) as twin:
+    with TW.torch_session(torch, cpu_module, precision) as twin:
         for b in batches:
             times = {f"cudalab {k}": v for k, v in
                      _ours(r, model, precision, b, x_h, r.params["graph"]).items()}
@@ -350,7 +353,8 @@ def _half_findings(r: LessonRun, res: dict[str, dict], big: int) -> None:
                 "cpu_batch_sizes": (1, 8)},
         quick_params={"batch_sizes": (1, 8), "precisions": ("fp16",),
                       "cpu_batch_sizes": (1,)},
-        torch_twin=_torch_twin_label)
+        torch_twin=_torch_twin_label,
+        check=check_params)
 def run(r: LessonRun) -> None:
     from .. import models
 

@@ -11,13 +11,14 @@ peak bytes during one call, and the number of allocations (memory_stats()).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 import cudalab
 
 from ._measuring import host_time, random_array, ratio, rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # The chain's constants: |y| stays bounded (fixed point 0.5), so repeats never overflow.
@@ -170,16 +171,24 @@ def _reference_size(sizes) -> int:
     return min(sizes, key=lambda s: abs(s - TUTORIAL_SIZE))
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    steps = int(p["steps"])
+    if steps < 1:
+        raise ValueError(f"lesson 'inplace': steps must be >= 1, got {steps}")
+    P.int_lists("inplace", p, "sizes")
+
+
 @lesson(5, "inplace", title="In-place ops: fewer allocations, lower peak memory",
         seed="Colab notebook lesson 5 (in-place operations: x + y, * 2 vs add_, mul_ on "
              "2048 x 2048, 1.13x faster and 1.45x less peak memory on a T4); guides' in-place "
              "sections",
         params={"sizes": (256, 2048, 8192), "steps": 4},
-        quick_params={"sizes": (256, 2048)})
+        quick_params={"sizes": (256, 2048)},
+        check=check_params)
 def run(r: LessonRun) -> None:
+    check_params(r.params)
     steps = int(r.params["steps"])
-    if steps < 1:
-        raise ValueError(f"lesson 'inplace': steps must be >= 1, got {steps}")
     sizes = tuple(int(s) for s in r.params["sizes"])
     results = {s: _one_size(r, s, steps) for s in sizes}
     for s in sizes:

@@ -15,9 +15,10 @@ and after every OOM; the limit is always restored.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import cudalab
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -330,17 +331,24 @@ def _findings(r: LessonRun, peaks: list, samples: list, cache: tuple, limit: tup
                 f"{_mib(cudalab.memory_allocated()):.0f} MiB allocated")
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    sizes = tuple(p["batch_sizes"])
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"lesson 'memory': batch_sizes must be positive ints, got {sizes!r}")
+    P.ints("memory", p, "seq_len", "hidden", "limit_mib")
+
+
 @lesson(10, "memory", title="Activation memory per batch, the pool, and the OOM limit",
         seed="step-by-step guide: memory_management.py (--batch-sizes 16,32,64,128); "
              "optimization guide: GPU Memory Management, Memory Fraction Control, Out of Memory",
         params={"batch_sizes": (16, 32, 64, 128), "seq_len": 256, "hidden": 1024,
                 "limit_mib": 512},
-        quick_params={"batch_sizes": (8, 16, 32), "seq_len": 128, "limit_mib": 256})
+        quick_params={"batch_sizes": (8, 16, 32), "seq_len": 128, "limit_mib": 256},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
-    sizes = tuple(p["batch_sizes"])
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-        raise ValueError(f"lesson 'memory': batch_sizes must be positive ints, got {sizes!r}")
+    check_params(p)
     hidden = p["hidden"]
     w = (cudalab.random.normal((hidden, hidden * FFN_MULT), std=hidden ** -0.5, seed=1),
          cudalab.random.normal((hidden * FFN_MULT, hidden), std=(hidden * FFN_MULT) ** -0.5,

@@ -27,8 +27,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..bench import host_clock, host_measurement
-from . import _multi_gpu as M
-from . import _resnet as R
+from . import multi_gpu as M
+from ..models import torch_twin as TW
+from . import resnet as R
 from ._measuring import rel_error
 from .inference import TOLERANCE
 from .registry import LessonRun, lesson
@@ -178,13 +179,13 @@ def _checks(r: LessonRun, cl: Any, reps: _Replicas, models: Any, params: Any, x_
 def _torch(r: LessonRun, torch: Any, state: Mapping[str, np.ndarray], precision: str, n: int,
            counts: Sequence[int], x_h: np.ndarray, b: int, steps: int) -> dict:
     """torchvision's resnet50 as replicas (channels_last), one per GPU, as ours run."""
-    tv = R.torchvision_or_none()
+    tv = TW.torchvision_or_none()
     if tv is None:
         return {}
-    cpu = R.torch_resnet50(torch, tv, state)
+    cpu = TW.torch_resnet50(torch, tv, state)
     dtype = getattr(torch, R.DTYPE_OF[precision])
     out = {}
-    with R.TorchPrecision(torch, precision), torch.no_grad():
+    with TW.TorchPrecision(torch, precision), torch.no_grad():
         mods, xs = [], []
         for d in range(n):
             dev = f"cuda:{d}"
@@ -216,7 +217,8 @@ def _torch(r: LessonRun, torch: Any, state: Mapping[str, np.ndarray], precision:
         params={"batch": 128, "precision": "fp16", "gpus": None, "graph": True, "steps": 10,
                 "repeats": 10, "torch": True},
         quick_params={"batch": 32, "steps": 4, "repeats": 5, "torch": False},
-        torch_twin=_torch_label_twin)
+        torch_twin=_torch_label_twin,
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
     from .. import models

@@ -24,8 +24,8 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from ..bench import host_clock, host_measurement
-from ._analysis import fit_latency_bandwidth, format_bytes_short
-from . import _multi_gpu as M
+from .analysis import fit_latency_bandwidth, format_bytes_short
+from . import multi_gpu as M
 from .registry import LessonRun, lesson
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -221,7 +221,8 @@ def _torch_twin(label: str) -> str | None:
         params={"sizes": (4 * KIB, 64 * KIB, MIB, 16 * MIB, 256 * MIB, GIB), "gpus": None,
                 "repeats": 20, "torch": True},
         quick_params={"sizes": (4 * KIB, 64 * MIB), "gpus": 2, "repeats": 5},
-        torch_twin=_torch_twin)
+        torch_twin=_torch_twin,
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
 

@@ -13,7 +13,7 @@ host work a non_blocking copy hides, and checks every copy bit for bit.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -21,6 +21,7 @@ import cudalab
 from cudalab.bench import TransferCase, ceiling, host_clock, host_measurement
 
 from ._overlap import overlap
+from . import _params as P
 from .registry import LessonRun, lesson
 
 KIB = 1024
@@ -256,12 +257,20 @@ def _link_claim(r: LessonRun) -> None:
                 f"{h2d.value / 1e9:.1f} GB/s here")
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.int_lists("pinned", p, "sizes_kib")
+    P.ints("pinned", p, "overlap_mib")
+    P.seed("pinned", p)
+
+
 @lesson(11, "pinned", title="Pinned vs pageable host memory, and non_blocking copies",
         seed="Guide 'PyTorch CUDA optimization': Pinned Memory, Asynchronous GPU Operations "
              "(non_blocking transfers); Colab notebook lessons 1 and 3 (PCIe vs GPU memory "
              "bandwidth, per-transfer latency)",
         params={"sizes_kib": (64, 1024, 16384, 262144), "overlap_mib": 256, "seed": 0},
-        quick_params={"sizes_kib": (64, 16384), "overlap_mib": 32})
+        quick_params={"sizes_kib": (64, 16384), "overlap_mib": 32},
+        check=check_params)
 def run(r: LessonRun) -> None:
     rng = np.random.default_rng(r.params["seed"])
     torch = r.torch()

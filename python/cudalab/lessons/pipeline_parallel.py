@@ -34,8 +34,10 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from ..bench import host_clock, host_measurement
-from . import _multi_gpu as M
-from . import _training as T
+from . import multi_gpu as M
+from ..nn import torch_twin as TT
+from . import training as T
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -137,6 +139,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]
     if not isinstance(p["torch"], bool):
         raise ValueError(f"lesson 'pipeline_parallel': torch must be True or False, got "
                          f"{p['torch']!r}")
+    P.seed("pipeline_parallel", p)
     return sizes, tuple(sorted(set(int(c) for c in chunks)))
 
 
@@ -273,13 +276,13 @@ def _torch(r: LessonRun, torch: Any, sizes: tuple[int, ...], bounds: Sequence[tu
 
     p = r.params
     cudalab.synchronize()
-    seq = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    seq = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
     mods = list(seq)
     # Sequential positions of each MLP layer: its Linear and (but the last) its activation.
     starts = [i for i, mod in enumerate(mods) if isinstance(mod, torch.nn.Linear)] + [len(mods)]
     parts = [torch.nn.Sequential(*mods[starts[a]:starts[b]]).to(f"cuda:{s}")
              for s, (a, b) in enumerate(bounds)]
-    opt = T.torch_adamw(torch, [q for part in parts for q in part.parameters()], p["lr"])
+    opt = TT.torch_adamw(torch, [q for part in parts for q in part.parameters()], p["lr"])
     tx = torch.from_dlpack(x)
     tl = torch.from_dlpack(labels).to(f"cuda:{len(parts) - 1}")
     dtype = {"bf16": torch.bfloat16}.get(p["precision"])
@@ -303,7 +306,7 @@ def _torch(r: LessonRun, torch: Any, sizes: tuple[int, ...], bounds: Sequence[tu
         return torch.cat(ret)
 
     out = {}
-    with T.Tf32(torch, p["precision"] == "tf32"):
+    with TT.Tf32(torch, p["precision"] == "tf32"):
         for m in chunk_counts:
             def step(m: int = m) -> None:
                 opt.zero_grad(set_to_none=True)
@@ -328,7 +331,8 @@ def _torch(r: LessonRun, torch: Any, sizes: tuple[int, ...], bounds: Sequence[tu
                 "lr": 1e-4, "repeats": 10, "timing_steps": 5, "check_rows": 64, "torch": True,
                 "seed": 0},
         quick_params={"batch": 4096, "chunks": (1, 4), "repeats": 5, "timing_steps": 3,
-                      "check_rows": 16})
+                      "check_rows": 16},
+        check=check_params)
 def run(r: LessonRun) -> None:
     import cudalab
     from cudalab import nn

@@ -20,7 +20,7 @@ alone does not: it hands out the first batch over and over.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from cudalab.prefetch import Prefetcher as SharedPrefetcher
 
 from ._measuring import rel_error
 from ._overlap import overlap
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # Normalization constants of the host-side preparation (uint8 -> float32).
@@ -243,12 +244,19 @@ def _steps(w: Any, passes: int, torch: Any) -> dict[str, Any]:
     return steps
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("prefetch", p, "batches", "rows", "features", "pool", "repeats")
+    P.seed("prefetch", p)
+
+
 @lesson(13, "prefetch", title="A prefetching loader vs synchronous loading",
         seed="Guide 'PyTorch CUDA optimization': Asynchronous Copy Pattern (AsyncGPUDataLoader), "
              "pinned memory in DataLoader; 'GPU idle, CPU overloaded' pitfall",
         params={"batches": 32, "rows": 4096, "features": 1024, "pool": 4, "repeats": 5,
                 "seed": 0},
-        quick_params={"batches": 12, "rows": 2048, "repeats": 3})
+        quick_params={"batches": 12, "rows": 2048, "repeats": 3},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     torch = r.torch()

@@ -31,8 +31,10 @@ from cudalab.nn import reference
 
 from ..bench import Measurement
 from ..devices import get_device_properties
-from . import _training as T
+from ..nn import torch_twin as TT
+from . import training as T
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # Op names as the profiler records them, by kind. The nn ops are private entry points
@@ -193,6 +195,10 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
     lr = p["lr"]
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise ValueError(f"lesson 'profiling': lr must be a number in (0, 1), got {lr!r}")
+    trace = p["trace_path"]
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise ValueError(f"lesson 'profiling': trace_path must be None or a path, got {trace!r}")
+    P.seed("profiling", p)
     return sizes, p["precision"]
 
 
@@ -400,7 +406,8 @@ def _trace_path(p: Mapping[str, Any]) -> str:
         params={"in_features": 1024, "hidden": (4096, 4096), "classes": 1024, "batch": 4096,
                 "precision": "bf16", "lr": 1e-4, "warmup_steps": 3, "steps": 10, "top_ops": 10,
                 "trace_path": None, "seed": 0},
-        quick_params={"hidden": (2048, 2048), "steps": 3})
+        quick_params={"hidden": (2048, 2048), "steps": 3},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
     sizes, precision = check_params(p)
@@ -442,13 +449,13 @@ def _torch_step(r: LessonRun, torch: Any, sizes: tuple[int, ...], batch: tuple[A
     checked against ours, its step timed the same way."""
     p = r.params
     precision = p["precision"]
-    twin = T.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
-    opt = T.torch_adamw(torch, twin.parameters(), p["lr"])
-    scaler = (T.torch_grad_scaler(torch, INIT_SCALE, GROWTH_INTERVAL)
+    twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+    opt = TT.torch_adamw(torch, twin.parameters(), p["lr"])
+    scaler = (TT.torch_grad_scaler(torch, INIT_SCALE, GROWTH_INTERVAL)
               if nn.PRECISIONS[precision].needs_scaler else None)
-    step = T.torch_train_step(torch, twin, opt, scaler, precision)
-    [(tx, tl)] = T.torch_batches(torch, [batch])
-    with T.Tf32(torch, precision == "tf32"):
+    step = TT.torch_train_step(torch, twin, opt, scaler, precision)
+    [(tx, tl)] = TT.torch_batches(torch, [batch])
+    with TT.Tf32(torch, precision == "tf32"):
         theirs = float(step(tx, tl))
         r.check(f"torch's first {precision} loss vs cudalab's (same weights, same batch)",
                 abs(theirs - first_loss) / abs(first_loss), TORCH_LOSS_TOL[precision])

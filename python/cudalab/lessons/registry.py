@@ -28,9 +28,10 @@ from typing import Any, Callable, Mapping
 from .. import _core
 from ..bench import Measurement, Timer, ceiling_preset, torch_cuda
 from ..bench.ceilings import CEILING_PRESET
-from .result import Check, Claim, Finding, LessonResult
+from .result import Check, Claim, Finding, LessonResult, set_lesson_lookup
 
-__all__ = ["Lesson", "LessonCheckError", "LessonRun", "get", "lesson", "names", "run"]
+__all__ = ["Lesson", "LessonCheckError", "LessonRun", "get", "lesson", "names", "resolve_params",
+           "run"]
 
 # Presets per mode: quick runs stay within seconds; full runs publish figures.
 QUICK_PRESET = "quick"
@@ -63,6 +64,10 @@ class Lesson:
         ``torch_twin(torch_label)`` -> the label of cudalab's measurement of
         the same work, for PyTorch labels that `versus_torch`'s naming rules
         do not pair (None: no twin).
+    check : callable or None
+        ``check(params)`` raises ValueError for parameter values the lesson
+        cannot run with; called on the parameters of a run before any GPU
+        work (or the GPU check).
     """
 
     number: int
@@ -74,6 +79,7 @@ class Lesson:
     function: Callable[[LessonRun], None]
     plot: Callable[[LessonResult, Any], None] | None = None
     torch_twin: Callable[[str], str | None] | None = None
+    check: Callable[[Mapping[str, Any]], Any] | None = None
 
     def defaults(self, quick: bool) -> dict[str, Any]:
         merged = dict(self.params)
@@ -87,11 +93,14 @@ _REGISTRY: dict[str, Lesson] = {}
 
 def lesson(number: int, name: str, *, title: str, seed: str, params: Mapping[str, Any],
            quick_params: Mapping[str, Any] | None = None,
-           torch_twin: Callable[[str], str | None] | None = None) -> Callable:
+           torch_twin: Callable[[str], str | None] | None = None,
+           check: Callable[[Mapping[str, Any]], Any] | None = None) -> Callable:
     """Register the decorated ``run(r)`` function as lesson `name`.
 
     `torch_twin` maps a PyTorch measurement's label to cudalab's of the same
     work where the usual naming does not (see `cudalab.lessons.versus`).
+    `check(params)` raises ValueError for parameter values the lesson cannot
+    run with; `run` calls it before it looks for a GPU.
 
     The returned function gains a ``.plot`` decorator to register the
     lesson's figure: ``@run.plot`` on ``def plot(result, ax)``.
@@ -106,7 +115,7 @@ def lesson(number: int, name: str, *, title: str, seed: str, params: Mapping[str
             raise ValueError(f"lesson {number} {name!r} is registered twice")
         _REGISTRY[name] = Lesson(number, name, title, seed, types.MappingProxyType(dict(params)),
                                  types.MappingProxyType(quick_params), function,
-                                 torch_twin=torch_twin)
+                                 torch_twin=torch_twin, check=check)
 
         def set_plot(drawer: Callable[[LessonResult, Any], None]) -> Callable:
             _REGISTRY[name] = dataclasses.replace(_REGISTRY[name], plot=drawer)
@@ -125,13 +134,22 @@ def names() -> list[str]:
 
 def get(name: str) -> Lesson:
     """The `Lesson` called `name`; ValueError listing the valid names otherwise."""
+    return _lookup(name, "lessons.get")
+
+
+def _lookup(name: str, func: str) -> Lesson:
+    """`get`, its errors naming `func` (the public function the caller called)."""
     if not isinstance(name, str):
-        raise TypeError(f"lessons.get() argument 'name': expected a str, got {type(name).__name__}")
+        raise TypeError(f"{func}() argument 'name': expected a str, got {type(name).__name__}")
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"lessons.get() argument 'name': no lesson {name!r}; "
+        raise ValueError(f"{func}() argument 'name': no lesson {name!r}; "
                          f"the lessons are {', '.join(names())}") from None
+
+
+# LessonResult.plot looks lessons up through this registry (see set_lesson_lookup).
+set_lesson_lookup(get)
 
 
 def check_params(x: Lesson, params: Mapping[str, Any], func: str = "lessons.run") -> None:
@@ -141,6 +159,30 @@ def check_params(x: Lesson, params: Mapping[str, Any], func: str = "lessons.run"
         raise ValueError(f"{func}(): lesson {x.name!r} has no parameter "
                          f"{', '.join(map(repr, unknown))}; its parameters are "
                          f"{', '.join(x.params) or 'none'}")
+
+
+def resolve_params(x: Lesson, params: Mapping[str, Any], quick: bool,
+                   func: str = "lessons.run") -> dict[str, Any]:
+    """resolve_params(x, params, quick, func='lessons.run') -> dict
+
+    The parameters lesson `x` runs with: its defaults for `quick` updated by
+    `params`, every name checked (`check_params`) and every value by the
+    lesson's own check. Needs no GPU: `run` and the CLI call it first.
+
+    Raises
+    ------
+    ValueError
+        A parameter the lesson does not take, or a value it cannot run with.
+    """
+    check_params(x, params, func)
+    merged = x.defaults(bool(quick))
+    merged.update(params)
+    if x.check is not None:
+        try:
+            x.check(types.MappingProxyType(merged))
+        except (TypeError, ValueError) as exc:  # the message names the function called
+            raise type(exc)(f"{func}(): {exc}") from None
+    return merged
 
 
 class LessonRun:
@@ -244,16 +286,17 @@ def run(name: str, quick: bool = False, **params: Any) -> LessonResult:
     Raises
     ------
     ValueError
-        Unknown lesson or parameter.
+        Unknown lesson or parameter, or a value the lesson cannot run with
+        (checked before the GPU).
     NoDeviceError
-        No GPU.
+        No GPU (after the arguments are checked).
     LessonCheckError
         What the lesson computed is wrong.
     """
-    x = get(name)
-    check_params(x, params)
-    merged = x.defaults(bool(quick))
-    merged.update(params)
+    # Every argument first (the name, each parameter's name and value), then the
+    # device: without a GPU the error names lessons.run().
+    x = _lookup(name, "lessons.run")
+    merged = resolve_params(x, params, quick)
     _core._parse_device(None, "lessons.run")  # NoDeviceError naming the caller
     recorder = LessonRun(x, merged, bool(quick))
     start = time.perf_counter()

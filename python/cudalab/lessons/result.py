@@ -13,12 +13,24 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .._table import format_table
 from ..bench import Measurement
 
-__all__ = ["Check", "Claim", "Finding", "LessonResult"]
+__all__ = ["Check", "Claim", "Finding", "LessonResult", "set_lesson_lookup"]
+
+# How `LessonResult.plot` finds a lesson's figure by name. The registry builds
+# LessonResults, so it imports this module; it installs its `get` here when it
+# loads (cudalab.lessons imports it before any result exists) instead of this
+# module importing it back.
+_get_lesson: Callable[[str], Any] | None = None
+
+
+def set_lesson_lookup(get: Callable[[str], Any]) -> None:
+    """Install `get` (cudalab.lessons.registry.get: name -> Lesson) for `LessonResult.plot`."""
+    global _get_lesson
+    _get_lesson = get
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,11 +280,9 @@ class LessonResult:
         except ImportError:
             raise ImportError(
                 "LessonResult.plot() needs matplotlib: pip install \"cudalab[plot]\"") from None
-        from .registry import get
-
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 4))
-        drawer = get(self.lesson).plot
+        drawer = _get_lesson(self.lesson).plot
         if drawer is not None:
             drawer(self, ax)
         else:

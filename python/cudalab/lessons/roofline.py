@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -24,6 +24,7 @@ import cudalab
 from cudalab.bench import ceiling
 
 from ._measuring import rel_error
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # A kernel whose GPU time is within this many empty-kernel launch times is
@@ -261,6 +262,17 @@ def _claims(r: LessonRun, placed: dict[str, Placement], big_matmul: str) -> None
             why=f"add tiny: {tiny.regime} ({tiny.why})")
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.among("roofline", p, "dtypes", MATMUL_TOLERANCE)
+    P.ints("roofline", p, "elements", "tiny_elements", "small_n", "large_n")
+    P.int_lists("roofline", p, "softmax_shape")
+    if len(p["softmax_shape"]) != 2:
+        raise ValueError(f"lesson 'roofline': softmax_shape must be (rows, cols), "
+                         f"got {p['softmax_shape']!r}")
+    P.seed("roofline", p)
+
+
 @lesson(16, "roofline", title="The measured roofline: memory, compute and overhead regimes",
         seed="Colab notebook summary: the three performance regimes and arithmetic intensity "
              "(FLOPs / bytes accessed)",
@@ -268,7 +280,8 @@ def _claims(r: LessonRun, placed: dict[str, Placement], big_matmul: str) -> None
                 "elements": 1 << 26, "tiny_elements": 4096, "softmax_shape": (8192, 8192),
                 "small_n": 256, "large_n": 8192, "seed": 0},
         quick_params={"dtypes": ("float32", "float16"), "elements": 1 << 24,
-                      "softmax_shape": (4096, 4096), "large_n": 4096})
+                      "softmax_shape": (4096, 4096), "large_n": 4096},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = dict(r.params)
     dtypes = tuple(p["dtypes"])

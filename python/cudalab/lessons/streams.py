@@ -17,7 +17,7 @@ spreads over several.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from cudalab.bench import host_clock, host_measurement
 
 from ._measuring import rel_error
 from ._overlap import pipeline_bound
+from . import _params as P
 from .registry import LessonRun, lesson
 
 MIB = 1 << 20
@@ -238,6 +239,14 @@ def _findings(r: LessonRun, conc: dict, speedups: dict[int, float]) -> None:
                    "h2d and d2h copies take turns"))
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("streams", p, "kernel_cols", "kernels", "big_kernels", "pipeline_mib",
+           "compute_passes", "repeats")
+    P.int_lists("streams", p, "big_shape", "streams", "chunks")
+    P.seed("streams", p)
+
+
 @lesson(12, "streams", title="Streams: concurrent kernels and the copy/compute/copy pipeline",
         seed="Guide 'PyTorch CUDA optimization': CUDA Streams (basic usage, synchronization, "
              "pipeline pattern)",
@@ -245,7 +254,8 @@ def _findings(r: LessonRun, conc: dict, speedups: dict[int, float]) -> None:
                 "big_kernels": 8, "streams": (1, 2, 4, 8), "pipeline_mib": 256,
                 "chunks": (1, 2, 4, 8, 16, 32), "compute_passes": 4, "repeats": 10, "seed": 0},
         quick_params={"kernel_cols": 1 << 18, "kernels": 16, "streams": (1, 4),
-                      "pipeline_mib": 64, "chunks": (1, 4, 16), "repeats": 5})
+                      "pipeline_mib": 64, "chunks": (1, 4, 16), "repeats": 5},
+        check=check_params)
 def run(r: LessonRun) -> None:
     rng = np.random.default_rng(r.params["seed"])
     torch = r.torch()

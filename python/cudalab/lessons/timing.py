@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 import cudalab
 from ..bench import host_clock, host_measurement
+from . import _params as P
 from .registry import LessonRun, lesson
 
 # A method whose number is below this fraction of the bench median misses most
@@ -169,18 +170,25 @@ def _findings(r: LessonRun, ms: dict[str, Any]) -> None:
             held=abs(loop - 1.0) <= AGREES_WITHIN, why=verdict(loop))
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    if p["dtype"] not in TOLERANCE:
+        raise ValueError(f"lesson 'timing': dtype must be one of {', '.join(TOLERANCE)}, "
+                         f"got {p['dtype']!r}")
+    P.ints("timing", p, "size", "samples", "loop_calls")
+
+
 @lesson(15, "timing", title="Timing GPU work: host clock, synchronize, CUDA events, bench",
         seed="Colab notebook: benchmark_operation and summary item 9 (always synchronize for "
              "accurate timing); optimization guide: CUDA Synchronization Issues, Before "
              "Optimization",
         params={"size": 8192, "dtype": "float32", "samples": 20, "loop_calls": 20},
-        quick_params={"size": 4096, "samples": 10, "loop_calls": 10})
+        quick_params={"size": 4096, "samples": 10, "loop_calls": 10},
+        check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
+    check_params(p)
     n, dtype = p["size"], p["dtype"]
-    if dtype not in TOLERANCE:
-        raise ValueError(f"lesson 'timing': dtype must be one of {', '.join(TOLERANCE)}, "
-                         f"got {dtype!r}")
     a = cudalab.random.normal((n, n), dtype=dtype, seed=15)
     b = cudalab.random.normal((n, n), dtype=dtype, seed=16)
     _check(r, a, b, dtype)

@@ -11,15 +11,16 @@ driver; pinned memory, which the ``h2d``/``d2h`` ceilings use, is lesson 11's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 import cudalab
 
 from ..bench import ceiling, host_clock, host_measurement
-from ._analysis import (MIB, claim_at_least, claim_within, fit_latency_bandwidth,
+from .analysis import (MIB, claim_at_least, claim_within, fit_latency_bandwidth,
                         format_bytes_short)
+from . import _params as P
 from .registry import LessonRun, lesson
 
 DIRECTIONS = ("h2d", "d2h")
@@ -126,12 +127,19 @@ TORCH_TWINS = {"torch sum on device, .item()": "sum on device, get the scalar",
                "torch .cpu().numpy(), sum in NumPy": "get the array, sum in NumPy"}
 
 
+def check_params(p: Mapping[str, Any]) -> None:
+    """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
+    P.ints("transfers", p, "size", "repeats")
+    P.int_lists("transfers", p, "sweep_kib")
+
+
 @lesson(3, "transfers", title="Host round trips: latency plus PCIe bandwidth",
         seed="Colab notebook lesson 3 (CPU-GPU transfer optimization)",
         params={"size": 1000, "repeats": 30,
                 "sweep_kib": (4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)},
         quick_params={"repeats": 10, "sweep_kib": (4, 64, 1024, 16384, 65536)},
-        torch_twin=TORCH_TWINS.get)
+        torch_twin=TORCH_TWINS.get,
+        check=check_params)
 def run(r: LessonRun) -> None:
     n = int(r.params["size"])
     sizes = sorted(int(k) * 1024 for k in r.params["sweep_kib"])

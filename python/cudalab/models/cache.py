@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable, Iterator, Optional
 
-from ..nn._util import check_int
+from .._check import check_int
 
 __all__ = ["LRUCache"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..nn._util import arg_error, check_int
+from .._check import arg_error, check_int
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "preprocess", "resize_bilinear"]
 

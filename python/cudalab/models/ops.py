@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 
 from .. import _core
-from ..nn._util import check_int
+from .._check import check_int
 from .arch import conv_output_size
 from .plan import PRECISION_CODES
 

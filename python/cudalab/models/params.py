@@ -33,7 +33,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from ..nn._util import arg_error, check_real
+from .._check import arg_error, check_real
 from .arch import RESNET50, Conv, Linear, round_up
 from .weights import check_state
 

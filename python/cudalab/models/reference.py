@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..nn._util import arg_error, check_bool, check_int
+from .._check import arg_error, check_bool, check_int
 from .arch import Conv, GlobalAvgPool, Linear, MaxPool, last_reads
 from .params import FoldedParams, GemmWeights
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import _core
 from ..devices import device as _device
-from ..nn._util import check_int
+from .._check import check_int, check_seed
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 from ..nn.precision import get_precision
 from ..streams import graph as _graph
@@ -73,18 +73,31 @@ DEFAULT_MAX_CACHED_SHAPES = 4
 _SLOT_ALIGNMENT = 256
 
 
-def _state_from(weights: Any, seed: int) -> dict:
-    """torchvision-named float32 weights from any of resnet50()'s `weights` forms."""
+def _weights_form(weights: Any) -> str:
+    """Which of resnet50()'s `weights` forms this is ("seed", "path", "dict" or "torch");
+    TypeError for anything else."""
     if weights is None:
-        return init_weights(seed=seed)
+        return "seed"
     if isinstance(weights, (str, bytes)) or hasattr(weights, "__fspath__"):
-        return load_weights(weights)
+        return "path"
     if isinstance(weights, dict):
-        return weights
+        return "dict"
     if hasattr(weights, "state_dict"):
-        return from_torchvision(weights)
+        return "torch"
     raise TypeError("resnet50() argument 'weights': expected None, a path, a dict of arrays "
                     f"or a torch module, got {type(weights).__name__}")
+
+
+def _state_from(weights: Any, seed: int) -> dict:
+    """torchvision-named float32 weights from any of resnet50()'s `weights` forms."""
+    form = _weights_form(weights)
+    if form == "seed":
+        return init_weights(seed=seed)
+    if form == "path":
+        return load_weights(weights)
+    if form == "dict":
+        return weights
+    return from_torchvision(weights)
 
 
 def resnet50(weights: Any = None, *, precision: str = "fp32", seed: int = 0,
@@ -110,7 +123,14 @@ def resnet50(weights: Any = None, *, precision: str = "fp32", seed: int = 0,
         Bounds of the per-shape cache of compiled forwards (see
         :class:`ResNet50`).
     """
+    # Every argument first, then the device, then the work: without a GPU the error
+    # names resnet50(), before any weights are made or read.
     get_precision(precision, "resnet50")
+    if _weights_form(weights) == "seed":
+        check_seed(seed, "resnet50")
+    _shape_bound(max_cached_shapes, "max_cached_shapes", 1, "resnet50")
+    _shape_bound(max_cached_bytes, "max_cached_bytes", 0, "resnet50")
+    _core._parse_device(None, "resnet50")
     return ResNet50(fold(_state_from(weights, seed)), precision=precision,
                     max_cached_shapes=max_cached_shapes, max_cached_bytes=max_cached_bytes)
 
@@ -151,6 +171,13 @@ class ResNet50:
                  max_cached_shapes: Optional[int] = DEFAULT_MAX_CACHED_SHAPES,
                  max_cached_bytes: Optional[int] = None) -> None:
         prec = get_precision(precision, "ResNet50")
+        if not isinstance(params, FoldedParams):
+            raise TypeError("ResNet50() argument 'params': expected FoldedParams (from "
+                            f"cudalab.models.fold), got {type(params).__name__}")
+        max_entries = _shape_bound(max_cached_shapes, "max_cached_shapes", 1)
+        max_bytes = _shape_bound(max_cached_bytes, "max_cached_bytes", 0)
+        # Arguments first, then the device: without a GPU the error names ResNet50().
+        _core._parse_device(None, "ResNet50")
         self.precision = prec.name
         self.dtype = str(prec.compute_dtype)
         self._matmul_precision = prec.matmul_precision or "highest"  # unused by half GEMMs
@@ -162,8 +189,7 @@ class ResNet50:
                                                            dtype=np.float32))
         # (N, H, W) -> (program, workspace): the LRU, and the shapes used inside a
         # graph capture (kept until release(): a graph replays on that workspace).
-        self._cache = LRUCache(_shape_bound(max_cached_shapes, "max_cached_shapes", 1),
-                               _shape_bound(max_cached_bytes, "max_cached_bytes", 0))
+        self._cache = LRUCache(max_entries, max_bytes)
         self._graph_held: dict[tuple[int, int, int], tuple[Any, _core.DeviceArray]] = {}
 
     # ---- the per-shape cache ----------------------------------------------------------
@@ -444,9 +470,9 @@ class ResNet50:
         return f"ResNet50(precision={self.precision!r})"
 
 
-def _shape_bound(value: Any, param: str, minimum: int) -> Optional[int]:
+def _shape_bound(value: Any, param: str, minimum: int, func: str = "ResNet50") -> Optional[int]:
     """A cache bound: None, or an int >= minimum."""
-    return None if value is None else check_int(value, "ResNet50", param, minimum)
+    return None if value is None else check_int(value, func, param, minimum)
 
 
 class GraphedForward:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..nn._util import arg_error, check_bool, check_seed
+from .._check import arg_error, check_bool, check_seed
 from .arch import RESNET50, Conv, Linear, state_shapes
 
 __all__ = ["check_state", "from_torchvision", "init_weights", "load_weights", "save_weights"]

@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import _core
 from .. import random as _random
-from ._util import F32, arg_error, check_int, check_seed, derive_seed
+from .._check import arg_error, check_int, check_seed
+from ._util import F32, derive_seed
 from .layers import MLP
 
 __all__ = ["TeacherData"]
@@ -62,6 +63,8 @@ class TeacherData:
         self.hidden = tuple(check_int(h, func, "hidden") for h in hidden)
         self.batches = check_int(batches, func, "batches")
         self.seed = check_seed(seed, func)
+        # Arguments first, then the device: without a GPU the error names TeacherData().
+        _core._parse_device(None, func)
         self.teacher = MLP((self.in_features, *self.hidden, self.classes), "gelu",
                            seed=derive_seed(self.seed, _TEACHER_STREAM))
         self._input_key = derive_seed(self.seed, _INPUT_STREAM)

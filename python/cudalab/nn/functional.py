@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import _core
 from .._core import gelu_grad, relu_grad
-from ._util import check_activation, check_int
+from .._check import check_int
+from ._util import check_activation
 from .precision import Precision
 
 __all__ = [

@@ -30,18 +30,9 @@ from .. import devices as _devices
 from .. import random as _random
 from . import fusion
 from .functional import _gelu_aux_row, _relu_mask_bytes
-from ._util import (
-    F32,
-    Buffers,
-    arg_error,
-    check_activation,
-    check_array,
-    check_bool,
-    check_int,
-    check_seed,
-    derive_seed,
-    fill_zero,
-)
+from .._buffers import Buffers
+from .._check import arg_error, check_array, check_bool, check_int, check_seed
+from ._util import F32, check_activation, derive_seed, fill_zero
 from .precision import Precision, get_precision
 
 __all__ = ["Linear", "MLP", "Parameter"]
@@ -167,6 +158,8 @@ class Linear:
         check_bool(bias, "Linear", "bias")
         self.activation = check_activation(activation, "Linear")
         self.seed = check_seed(seed, "Linear")
+        # Arguments first, then the device: without a GPU the error names Linear().
+        _core._parse_device(None, "Linear")
         bound = 1.0 / math.sqrt(self.in_features)
         shape = (self.out_features, self.in_features)
         w = _random.uniform(shape, -bound, bound, F32, seed=derive_seed(self.seed, 0))
@@ -507,6 +500,8 @@ class MLP:
         self.sizes = tuple(check_int(s, "MLP", "sizes") for s in sizes)
         self.activation = check_activation(activation, "MLP")
         self.seed = check_seed(seed, "MLP")
+        # Arguments first, then the device: without a GPU the error names MLP().
+        _core._parse_device(None, "MLP")
         last = len(self.sizes) - 2
         self.layers = [
             Linear(n_in, n_out, True, None if i == last else self.activation,
@@ -634,7 +629,7 @@ class MLP:
         self.layers[-1]._check_grad(grad_logits)
         # From here on the previous layers' outputs become gradients.
         self._activations_live = False
-        _backward_layers(self.layers, grad_logits, bool(accumulate), hook)
+        backward_layers(self.layers, grad_logits, bool(accumulate), hook)
 
     def zero_grad(self) -> None:
         for p in self.parameters():
@@ -644,11 +639,14 @@ class MLP:
         return f"MLP(sizes={list(self.sizes)}, activation={self.activation!r})"
 
 
-def _backward_layers(layers: Sequence[Linear], grad: _core.DeviceArray, accumulate: bool,
+def backward_layers(layers: Sequence[Linear], grad: _core.DeviceArray, accumulate: bool,
                      hook: Optional[Callable[[int], Any]] = None,
                      input_grad_out: Optional[_core.DeviceArray] = None
                      ) -> Optional[_core.DeviceArray]:
     """The backward of consecutive layers (an MLP's, or a pipeline stage's), last to first.
+
+    Public within cudalab (cudalab.distributed's pipeline stages call it), not
+    part of nn's documented API (__all__).
 
     `grad` is the gradient of the last layer's pre-activation. Each input
     gradient fuses the previous layer's activation derivative and overwrites

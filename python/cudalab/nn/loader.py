@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _core
 from ..prefetch import Prefetcher, StagingRing
-from ._util import arg_error, check_bool, check_int, check_seed
+from .._check import arg_error, check_bool, check_int, check_seed
 
 __all__ = ["ArrayLoader"]
 

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Optional, Union
 
 
 from .. import _core
-from ._util import F32, check_array, fill_zero
+from .._check import check_array
+from ._util import F32, fill_zero
 from .layers import Parameter
 
 __all__ = ["AdamW", "SGD"]

@@ -16,15 +16,14 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .. import _core
-from ._util import arg_error, check_array, check_bool, check_real
+from .._check import arg_error, check_array, check_bool, check_real
+from .layers import Parameter
 
 __all__ = ["GradScaler"]
 
 
 def _grad_arrays(grads: Any, func: str) -> list[_core.DeviceArray]:
     """The gradient arrays of an optimizer, of Parameters, or DeviceArrays themselves."""
-    from .layers import Parameter  # a cycle-free late import
-
     params = getattr(grads, "params", None)
     items = params if params is not None else grads
     if isinstance(items, (_core.DeviceArray, Parameter)) or not isinstance(items, Iterable):
@@ -100,6 +99,8 @@ class GradScaler:
             raise arg_error(ValueError, func, "growth_interval",
                             f"must be in [1, 2**31 - 1], got {growth_interval}")
         check_bool(enabled, func, "enabled")
+        if enabled:  # arguments first, then the device: the error names GradScaler()
+            _core._parse_device(None, func)
         self.init_scale = init_scale
         self.growth_factor = growth_factor
         self.backoff_factor = backoff_factor

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _core
 from ..streams import graph as _graph
-from ._util import arg_error, check_array, check_bool
+from .._check import arg_error, check_array, check_bool
 from .layers import MLP
 from .optim import Optimizer
 from .precision import Precision, get_precision

@@ -12,20 +12,21 @@ on a terminal.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any, Callable, Sequence
 
-from . import _core
-from ._progress import ProgressBar
-from ._table import format_table
-from .bench import (CEILING_NAMES, MATMUL_DTYPES, PRESETS, Case, CopyCase, MatmulCase,
-                    Measurement, Row, Timer, TransferCase, ceilings, format_time, write_results)
-from .bench.cases import HOST_MEMORIES, MIB, TRANSFER_DIRECTIONS, torch_cuda
-from .devices import device as device_context
-from .devices import get_device_properties
+from .._progress import ProgressBar
+from .._table import format_table
+from ..bench import (CEILING_NAMES, MATMUL_DTYPES, PRESETS, Case, CopyCase, MatmulCase,
+                     Measurement, Row, Timer, TransferCase, ceilings, format_time, write_results)
+from ..bench.cases import HOST_MEMORIES, MIB, TRANSFER_DIRECTIONS, torch_cuda
+from ..devices import device as device_context
+from ..devices import get_device_properties
+from .args import ChoiceList, common_parser, positive_float, positive_int, several
+# The device check under this module's own name: each command module looks it up
+# here, so a test can stand in a device for one command group.
+from .args import check_device as _check_device
 
-__all__ = ["ChoiceList", "add_parsers", "output_file"]
+__all__ = ["add_parsers"]
 
 
 # ---- shared plumbing ----------------------------------------------------------------
@@ -44,19 +45,6 @@ def _timer(args: argparse.Namespace, progress: Callable[[float], None]) -> Timer
         overrides.update(min_repeats=args.iterations, max_repeats=args.iterations,
                          min_run_time=1e-6, max_run_time=1e9)
     return Timer(args.preset, progress=progress, **overrides)
-
-
-def _check_device(args: argparse.Namespace, command: str) -> int | None:
-    """The device index to use, or None after printing why there is none."""
-    if not _core.is_available():
-        print(f"cudalab {command}: no CUDA device is available.", file=sys.stderr)
-        return None
-    count = _core.device_count()
-    index = _core.current_device() if args.device is None else args.device
-    if not 0 <= index < count:
-        print(f"cudalab {command}: no device {index} ({count} available).", file=sys.stderr)
-        return None
-    return index
 
 
 def _write_json(args: argparse.Namespace, command: str, rows: Sequence[Measurement | Row]) -> None:
@@ -193,79 +181,9 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
 # ---- argument parsing ---------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
-def output_file(text: str) -> str:
-    """An argparse type: a file path whose directory exists (nothing is created)."""
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
-    parent = os.path.dirname(text) or "."
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"directory {parent!r} does not exist; create it first")
-    return text
-
-
-class ChoiceList(argparse.Action):
-    """Values from `choices`, in any of the forms the help shows.
-
-    ``--opt A B``, ``--opt A,B`` and ``--opt A --opt B`` all give ``[A, B]``
-    (in order, repeats dropped).
-    """
-
-    def __init__(self, option_strings: Sequence[str], dest: str, choices: Sequence[str],
-                 **kwargs: Any) -> None:
-        self.valid = tuple(choices)
-        super().__init__(option_strings, dest, nargs="+", **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        chosen = list(getattr(namespace, self.dest) or [])
-        for value in values:
-            for item in value.split(","):
-                if item.strip() not in self.valid:
-                    raise argparse.ArgumentError(
-                        self, f"invalid choice: {item.strip()!r} (choose from {', '.join(self.valid)})")
-                if item.strip() not in chosen:
-                    chosen.append(item.strip())
-        setattr(namespace, self.dest, chosen)
-
-
-def _several(option: str, first: str, second: str) -> str:
-    """The help sentence of a ChoiceList option: the three forms it accepts."""
-    return (f"Several as '{option} {first} {second}', '{option} {first},{second}' or a "
-            f"repeated {option}")
-
-
 def _size_option(parser: argparse.ArgumentParser, what: str, default: int) -> None:
-    parser.add_argument("--size-mb", type=_positive_int, default=default, metavar="MIB",
+    parser.add_argument("--size-mb", type=positive_int, default=default, metavar="MIB",
                         help=f"{what} size in MiB (default {default})")
-
-
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--device", type=int, default=None, help="device index (default: current)")
-    common.add_argument("--json", metavar="PATH", type=output_file,
-                        help="also write the results as JSON to PATH (its directory must exist)")
-    common.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
-    return common
 
 
 def _timing() -> argparse.ArgumentParser:
@@ -273,11 +191,11 @@ def _timing() -> argparse.ArgumentParser:
     timing.add_argument("--preset", choices=tuple(PRESETS), default="sustained",
                         help="timing preset (default sustained: "
                              f"{PRESETS['sustained'].describe().replace('%', '%%')})")
-    timing.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
+    timing.add_argument("--iterations", type=positive_int, default=None, metavar="N",
                         help="exactly N timed repeats instead of the noise-based stop")
-    timing.add_argument("--warmup", type=_positive_float, default=None, metavar="SECONDS",
+    timing.add_argument("--warmup", type=positive_float, default=None, metavar="SECONDS",
                         help="seconds of warm-up calls before timing (default: the preset's)")
-    timing.add_argument("--min-run-time", type=_positive_float, default=None, metavar="SECONDS",
+    timing.add_argument("--min-run-time", type=positive_float, default=None, metavar="SECONDS",
                         help="seconds of timed repeats before the noise-based stop (default: "
                              "the preset's)")
     timing.add_argument("--no-torch", action="store_true",
@@ -287,7 +205,7 @@ def _timing() -> argparse.ArgumentParser:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``bench`` (with matmul, copy, transfer) and ``ceilings`` to the CLI."""
-    common, timing = _common(), _timing()
+    common, timing = common_parser(), _timing()
     bench = sub.add_parser(
         "bench", help="time one operation (matmul, copy, transfer)",
         description="Time an operation with CUDA events (warm-up, median and IQR), beside "
@@ -299,11 +217,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Square GEMM through cudalab.matmul into a preallocated output, on random "
                     "normal operands; TFLOP/s = 2 n^3 / median time, against the theoretical "
                     "peak of the device.")
-    matmul.add_argument("--matrix-size", type=_positive_int, default=8192, metavar="N",
+    matmul.add_argument("--matrix-size", type=positive_int, default=8192, metavar="N",
                         help="n (default 8192)")
     matmul.add_argument("--dtype", action=ChoiceList, choices=MATMUL_DTYPES, metavar="DTYPE",
                         help=f"dtypes to run: {', '.join(MATMUL_DTYPES)} (default: all). "
-                             f"{_several('--dtype', 'float16', 'bfloat16')}. tf32 is float32 "
+                             f"{several('--dtype', 'float16', 'bfloat16')}. tf32 is float32 "
                              "storage with TF32 tensor-core math")
     matmul.add_argument("--flush-l2", action="store_true",
                         help="flush the L2 cache before every call (one cold call per repeat)")
@@ -332,5 +250,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "peaks.")
     ceiling_parser.add_argument(
         "--only", action=ChoiceList, choices=CEILING_NAMES, metavar="NAME",
-        help=f"measure only these: {', '.join(CEILING_NAMES)}. {_several('--only', 'copy', 'launch')}")
+        help=f"measure only these: {', '.join(CEILING_NAMES)}. {several('--only', 'copy', 'launch')}")
     ceiling_parser.set_defaults(func=_cmd_ceilings)

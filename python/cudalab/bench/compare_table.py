@@ -6,6 +6,9 @@ description) are merged first. Cells show the median per call in one unit per
 table (or a derived rate: TFLOP/s, GB/s, % of ceiling), with an optional
 ``(!)`` mark on noisy results and optional colour: green for the best cell
 of each row (or column), red for cells at least 1.5x slower.
+
+(The module is not called ``compare``: that name in cudalab.bench is the
+baseline comparison function, `cudalab.bench.baseline.compare`.)
 """
 
 from __future__ import annotations

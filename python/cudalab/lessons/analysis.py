@@ -1,4 +1,8 @@
-"""Pure helpers for judging lesson numbers: claim verdicts, sizes, the latency + bandwidth fit."""
+"""Pure helpers for judging lesson numbers: claim verdicts, sizes, the latency + bandwidth fit.
+
+A framework module of cudalab.lessons, not a lesson (benchmarks/bench_allreduce.py
+formats its sizes with it too).
+"""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from .cli_bench import _common
-from .cli_lessons import _run, _running
-from .lessons import _resnet as R
+from ..lessons import resnet as R
+from .args import common_parser
+from .lessons import run_lessons, running_parser
 
 __all__ = ["add_parsers", "lesson_params"]
 
@@ -50,13 +50,13 @@ def lesson_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_inference(args: argparse.Namespace) -> int:
-    return _run(args, "inference", [("inference", lesson_params(args))])
+    return run_lessons(args, "inference", [("inference", lesson_params(args))])
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``inference`` to the CLI."""
     parser = sub.add_parser(
-        "inference", parents=[_common(), _running()],
+        "inference", parents=[common_parser(), running_parser()],
         help="the guide's model inference comparison: CPU vs GPU per batch size (lesson "
              "inference)",
         description="Run ResNet-50 inference on the CPU and the GPU per batch size and "

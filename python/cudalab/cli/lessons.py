@@ -21,17 +21,21 @@ import re
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from . import _core, lessons
-from ._progress import ProgressBar
-from ._table import format_table
-from .cli_bench import ChoiceList, _check_device, _common, _positive_int, _several, output_file
-from .devices import device as device_context
-from .devices import get_device_properties
-from .lessons.registry import Lesson, check_params
+from .. import _core, lessons
+from .._progress import ProgressBar
+from .._table import format_table
+from ..devices import device as device_context
+from ..devices import get_device_properties
+from ..lessons.registry import Lesson, check_params, resolve_params
+from .args import ChoiceList, common_parser, output_file, positive_int, several
+# The device check under this module's own name: each command module looks it up
+# here, so a test can stand in a device for one command group.
+from .args import check_device as _check_device
+from .results import without_gpu_text
 
-__all__ = ["add_parsers", "parse_params", "parse_value"]
+__all__ = ["add_parsers", "parse_params", "parse_value", "run_lessons", "running_parser"]
 
 # ---- parameters from the command line -------------------------------------------------
 
@@ -95,12 +99,12 @@ def _assignment(text: str) -> tuple[str, str]:
 
 def _positive_ints(text: str) -> tuple[int, ...]:
     """An argparse type: ``16,32,64`` as a tuple of positive ints."""
-    return tuple(_positive_int(item.strip()) for item in text.split(","))
+    return tuple(positive_int(item.strip()) for item in text.split(","))
 
 
 def _max_times(text: str) -> int:
     """An argparse type: an int >= 5, as `cudalab.bench.results_dict` takes."""
-    value = _positive_int(text)
+    value = positive_int(text)
     if value < 5:
         raise argparse.ArgumentTypeError(f"expected an integer >= 5, got {value}")
     return value
@@ -148,10 +152,22 @@ def _save(args: argparse.Namespace, results: list, failures: list, device: str) 
             lessons.markdown(results, device=device, failures=failures), encoding="utf-8")
 
 
-def _run(args: argparse.Namespace, command: str, jobs: list[tuple[str, dict[str, Any]]]) -> int:
-    """Run each (lesson, params) in order on the chosen device; 1 if any failed."""
+def run_lessons(args: argparse.Namespace, command: str, jobs: list[tuple[str, dict[str, Any]]],
+                without_gpu: Callable[[], str] | None = None) -> int:
+    """Run each (lesson, params) in order on the chosen device; 1 if any failed.
+
+    Every lesson's parameters are checked first (2 on a bad one), then the
+    device; without a GPU, `without_gpu()` (when given) says what to do instead.
+    """
+    for name, params in jobs:
+        try:
+            resolve_params(lessons.get(name), params, args.quick)
+        except (TypeError, ValueError) as exc:
+            return _usage_error(command, exc)
     device = _check_device(args, command)
     if device is None:
+        if without_gpu is not None and not _core.is_available():
+            print(without_gpu(), file=sys.stderr)
         return 1
     if not jobs:
         print(f"cudalab {command}: no lessons are registered.", file=sys.stderr)
@@ -198,13 +214,13 @@ def _cmd_lesson(args: argparse.Namespace) -> int:
         params = parse_params(x, args.set)
     except ValueError as exc:
         return _usage_error("lesson", exc)
-    return _run(args, "lesson", [(x.name, params)])
+    return run_lessons(args, "lesson", [(x.name, params)], lambda: without_gpu_text(x))
 
 
 def _cmd_run_all(args: argparse.Namespace) -> int:
     chosen = [name for name in lessons.names() if (args.only is None or name in args.only)
               and name not in (args.skip or ())]
-    return _run(args, "run-all", [(name, {}) for name in chosen])
+    return run_lessons(args, "run-all", [(name, {}) for name in chosen])
 
 
 def _cmd_guide(args: argparse.Namespace) -> int:
@@ -213,13 +229,14 @@ def _cmd_guide(args: argparse.Namespace) -> int:
         check_params(lessons.get(args.lesson), params)
     except ValueError as exc:
         return _usage_error(args.command, exc)
-    return _run(args, args.command, [(args.lesson, params)])
+    return run_lessons(args, args.command, [(args.lesson, params)])
 
 
 # ---- argument parsing -----------------------------------------------------------------
 
 
-def _running() -> argparse.ArgumentParser:
+def running_parser() -> argparse.ArgumentParser:
+    """The options of every command that runs lessons: --quick, --markdown, --max-times."""
     running = argparse.ArgumentParser(add_help=False)
     running.add_argument("--quick", action="store_true",
                          help="start from the quick parameters (seconds per lesson) instead "
@@ -237,7 +254,7 @@ def _running() -> argparse.ArgumentParser:
 # (flag, type, metavar, example) sets the lesson parameter of the same name.
 GUIDE_COMMANDS = (
     ("cpu-vs-gpu", "cpu_vs_gpu", "the guide's CPU vs GPU matrix multiply benchmark",
-     (("--matrix-size", _positive_int, "N", "8192"), ("--iterations", _positive_int, "N", "100"))),
+     (("--matrix-size", positive_int, "N", "8192"), ("--iterations", positive_int, "N", "100"))),
     ("memory", "memory", "the guide's memory management demo, per batch size",
      (("--batch-sizes", _positive_ints, "N,N,...", "16,32,64,128"),)),
 )
@@ -260,7 +277,7 @@ def _add_guide_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``lessons``, ``lesson``, ``run-all``, ``cpu-vs-gpu`` and ``memory`` to the CLI."""
-    parents = [_common(), _running()]
+    parents = [common_parser(), running_parser()]
     listing = sub.add_parser(
         "lessons", help="list the lessons",
         description="List the lessons: number, name, title and the tutorial section each "
@@ -288,6 +305,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     for option, what in (("--only", "run only these lessons (in lesson order)"),
                          ("--skip", "leave these lessons out")):
         every.add_argument(option, action=ChoiceList, choices=lessons.names(), metavar="NAME",
-                           help=f"{what}. {_several(option, 'first', 'second')}")
+                           help=f"{what}. {several(option, 'first', 'second')}")
     every.set_defaults(func=_cmd_run_all)
     _add_guide_parsers(sub, parents)

@@ -1,21 +1,9 @@
-"""The ``cudalab`` command line (also ``python -m cudalab``).
+"""``cudalab check``: a report of every device.
 
-Commands:
-
-* ``check``: a report of every device (deviceQuery-style properties and
-  theoretical peaks, plus live utilization, clocks, temperature and power
-  nvidia-smi style when NVML is installed: ``pip install nvidia-ml-py``).
-  Exits 1 with a clear message when no GPU or driver is present.
-
-* ``bench matmul|copy|transfer`` and ``ceilings``: measurements through
-  cudalab.bench (see cli_bench.py).
-
-* ``lessons``, ``lesson NAME``, ``run-all``, ``cpu-vs-gpu`` and ``memory``:
-  the lessons of cudalab.lessons (see cli_lessons.py).
-
-* ``inference``: the guide's model inference comparison (see cli_inference.py).
-
-``cudalab --version`` prints the version.
+deviceQuery-style properties and theoretical peaks, plus live utilization,
+clocks, temperature and power nvidia-smi style when NVML is installed
+(``pip install nvidia-ml-py``). Exits 1 with a clear message when no GPU or
+driver is present.
 """
 
 from __future__ import annotations
@@ -24,15 +12,14 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any
 
-from . import __version__, _core, _nvml
-from .cli_bench import add_parsers as add_bench_parsers
-from .cli_bench import output_file
-from .cli_inference import add_parsers as add_inference_parsers
-from .cli_lessons import add_parsers as add_lesson_parsers
-from .devices import get_device_properties
-from .memory import format_bytes
+from .. import __version__, _core, _nvml
+from ..devices import get_device_properties
+from ..memory import format_bytes
+from .args import output_file
+
+__all__ = ["add_parsers", "check_report"]
 
 
 def _nvml_sample(index: int) -> dict[str, Any] | None:
@@ -125,11 +112,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cudalab", description="Hands-on, measured GPU performance from Python.")
-    parser.add_argument("--version", action="version", version=f"cudalab {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``check`` to the CLI."""
     check = sub.add_parser(
         "check", help="report every CUDA device (exit 1 when there is none)",
         description="Report every CUDA device: properties, theoretical peaks and, with "
@@ -138,17 +122,3 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="PATH", type=output_file,
                        help="also write the report as JSON to PATH (its directory must exist)")
     check.set_defaults(func=_cmd_check)
-    add_bench_parsers(sub)
-    add_lesson_parsers(sub)
-    add_inference_parsers(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # what results files record
-    if args.command is None:
-        parser.print_help()
-        return 2
-    return int(args.func(args))

@@ -21,6 +21,9 @@ forever. `timed_repeats` and `host_loop_times` run a fixed count instead
 (warm-up, then per repeat a barrier and back-to-back calls between two
 events), and the lesson reports the slowest rank's median
 (`slowest_measurement`): a collective finishes when its last rank does.
+
+A framework module of cudalab.lessons, not a lesson (benchmarks/bench_allreduce.py
+launches the allreduce workers with it too).
 """
 
 from __future__ import annotations
