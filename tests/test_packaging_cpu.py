@@ -17,8 +17,13 @@ except ImportError:  # Python 3.10
 
 
 def test_the_version_has_one_source():
-    init = (REPO_ROOT / "python" / "cudalab" / "__init__.py").read_text()
-    assert re.findall(r'^__version__ = "([^"]+)"$', init, re.M) == [cudalab.__version__]
+    package = REPO_ROOT / "python" / "cudalab"
+    sources = {p.name: p.read_text() for p in package.rglob("*.py")}
+    defined = {name for name, text in sources.items()
+               if re.search(r'^__version__ = "', text, re.M)}
+    assert defined == {"_version.py"}
+    assert re.findall(r'^__version__ = "([^"]+)"$', sources["_version.py"], re.M) == [
+        cudalab.__version__]
     if tomllib is None:
         pytest.skip("tomllib needs Python 3.11")
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
