@@ -35,6 +35,7 @@ RUN_HERE = {
     "python scripts/build_notebooks.py --check": 0,
     "python scripts/lessons_summary.py benchmarks/results/lessons_NVIDIA_H200.json": 0,
     "scripts/sanitize.sh -p list": 0,
+    "cudalab results dtypes": 0,
 }
 
 # Commands .ci/run runs: the README's block between the ci:begin and ci:end markers.
@@ -190,6 +191,8 @@ def test_command_runs_here(command):
         assert "context" in done.stdout and "pipeline_parallel" in done.stdout
     elif "-p list" in command:
         assert "ops:" in done.stdout and "tests/test_matmul_gpu.py" in done.stdout
+    elif "results dtypes" in command:
+        assert "Lesson 2 `dtypes`" in done.stdout, done.stdout[:500]
 
 
 # ---- links --------------------------------------------------------------------------------------
