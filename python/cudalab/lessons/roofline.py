@@ -22,7 +22,7 @@ import numpy as np
 
 import cudalab
 from cudalab import _precision
-from cudalab.bench import ceiling
+from cudalab.bench import MatmulCase, ceiling
 
 from ._measuring import rel_error
 from . import _params as P
@@ -135,24 +135,16 @@ class Kernel:
     torch_fn: Callable[[], Any] | None = None
 
 
-def _torch_matmul(torch: Any, a: Any, b: Any, out: Any, tf32: bool) -> Callable[[], Any]:
-    ta, tb, tout = torch.from_dlpack(a), torch.from_dlpack(b), torch.from_dlpack(out)
-
-    def mm() -> Any:
-        with _precision.TorchTf32(torch, tf32):
-            return torch.mm(ta, tb, out=tout)
-    return mm
-
-
 def _matmul_kernel(name: str, dtype: str, n: int, seed: int, torch: Any) -> Kernel:
-    # Storage, matmul's precision and torch's TF32 flag from the one table.
+    # Storage and matmul's precision from the one table.
     spec = _precision.resolve(dtype)
     storage, precision = spec.storage, spec.matmul_precision
     a = cudalab.random.normal((n, n), dtype=storage, seed=seed)
     b = cudalab.random.normal((n, n), dtype=storage, seed=seed + 1)
     out = cudalab.empty((n, n), dtype=storage)
     itemsize = {"float64": 8, "float32": 4}.get(storage, 2)
-    twin = None if torch is None else _torch_matmul(torch, a, b, out, spec.torch_allow_tf32)
+    # The bench case's torch.mm twin: same size, dtype and TF32 setting (its own operands).
+    twin = None if torch is None else MatmulCase(dtype, n).prepare().torch_twin(torch).fn
     return Kernel(name, dtype, f"{n}x{n}x{n}",
                   lambda: cudalab.matmul(a, b, out=out, precision=precision),
                   2.0 * n ** 3, 3.0 * n * n * itemsize, twin)
