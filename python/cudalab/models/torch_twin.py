@@ -25,9 +25,10 @@ from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 __all__ = ["DTYPE_OF", "TorchPrecision", "TorchTwin", "torch_resnet50", "torch_session",
            "torchvision_or_none"]
 
-# The dtype each of cudalab.models' precisions (cudalab.nn's names) stores
-# activations and weights in: the twin runs the whole model in it.
-DTYPE_OF = {name: str(p.compute_dtype) for name, p in _NN_PRECISIONS.items()}
+# The torch dtype each of cudalab.models' precisions (cudalab.nn's names) stores
+# activations and weights in (the one table's torch_dtype): the twin runs the
+# whole model in it.
+DTYPE_OF = {name: _precision.resolve(name).torch_dtype for name in _NN_PRECISIONS}
 
 
 def torchvision_or_none() -> Any:
