@@ -17,7 +17,7 @@ BENCHMARKS = PACKAGE.parents[1] / "benchmarks"
 EXPECTED = {
     "fp64": {"fp64", "float64"},
     "fp32": {"fp32", "float32"},
-    "tf32": {"tf32"},
+    "tf32": {"tf32", "tfloat32"},
     "fp16": {"fp16", "float16", "half"},
     "bf16": {"bf16", "bfloat16"},
 }

@@ -6,7 +6,7 @@ name    long name   aliases                             storage   float32    tor
 ======  ==========  ==================================  ========  =========  ===========
 fp64    float64     fp64, float64                       float64   --         False
 fp32    float32     fp32, float32                       float32   'highest'  False
-tf32    tf32        tf32                                float32   'high'     True
+tf32    tf32        tf32, tfloat32                      float32   'high'     True
 fp16    float16     fp16, float16, half                 float16   --         False
 bf16    bfloat16    bf16, bfloat16                      bfloat16  --         False
 ======  ==========  ==================================  ========  =========  ===========
@@ -71,7 +71,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("fp64", "float64", ("fp64", "float64"), "float64", None, "float64", False, None),
     Spec("fp32", "float32", ("fp32", "float32"), "float32", "highest", "float32",
          False, "highest"),
-    Spec("tf32", "tf32", ("tf32",), "float32", "high", "float32", True, "high"),
+    Spec("tf32", "tf32", ("tf32", "tfloat32"), "float32", "high", "float32", True, "high"),
     Spec("fp16", "float16", ("fp16", "float16", "half"), "float16", None, "float16", False, None),
     Spec("bf16", "bfloat16", ("bf16", "bfloat16"), "bfloat16", None, "bfloat16", False, None),
 )
