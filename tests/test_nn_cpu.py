@@ -107,7 +107,7 @@ def test_get_precision_errors():
     with assert_arg_error(TypeError, "get_precision", "precision", "got float"):
         nn.get_precision(1.0)
     with assert_arg_error(ValueError, "train_step", "precision"):
-        nn.get_precision("float32", "train_step")
+        nn.get_precision("float8", "train_step")
 
 
 # ---- functional ------------------------------------------------------------------------

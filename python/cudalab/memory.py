@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import _core
+from ._table import format_bytes  # the one byte formatter (re-exported here)
 
 __all__ = ["STAT_KEYS", "format_bytes", "format_memory_summary", "memory_summary"]
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 # The keys _core.memory_stats() returns (and format_memory_summary reads).
 STAT_KEYS = (
@@ -40,40 +40,6 @@ _LABEL_WIDTH = 21
 _VALUE_WIDTH = 11  # fits the longest format_bytes output, "1023.99 KiB"
 _NUM_VALUES = 4
 _INNER_WIDTH = _LABEL_WIDTH + _NUM_VALUES * (_VALUE_WIDTH + 3) + 2  # between the outer bars
-
-
-def format_bytes(n: int) -> str:
-    """Format a byte count with binary units.
-
-    Parameters
-    ----------
-    n : int
-        Number of bytes (may be negative).
-
-    Returns
-    -------
-    str
-        Whole bytes below 1 KiB (``"0 B"``, ``"1023 B"``), otherwise two
-        decimals in the largest unit up to TiB (``"1.50 KiB"``, ``"1.00 GiB"``).
-
-    Examples
-    --------
-    >>> format_bytes(1536)
-    '1.50 KiB'
-    """
-    n = int(n)
-    size = abs(n)
-    sign = "-" if n < 0 else ""
-    if size < 1024:
-        return f"{sign}{size} B"
-    value = float(size)
-    unit = 0
-    # Move up while the value would print as 1024.00 or more, so that
-    # 1073741823 reads "1.00 GiB" and not "1024.00 MiB".
-    while round(value, 2) >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return f"{sign}{value:.2f} {_UNITS[unit]}"
 
 
 def _border(char: str) -> str:

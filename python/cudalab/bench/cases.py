@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any, Callable
 
 from .. import _core
+from .. import _precision
 from .measurement import Measurement
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
 
 MIB = 1 << 20
 GIB = 1 << 30
-# "tf32" is float32 storage with TF32 tensor-core math (precision "high").
+# "tf32" is float32 storage with TF32 tensor-core math (cudalab._precision).
 MATMUL_DTYPES: tuple[str, ...] = ("float64", "float32", "tf32", "float16", "bfloat16")
 TRANSFER_DIRECTIONS = ("h2d", "d2h")
 HOST_MEMORIES = ("pinned", "pageable")
@@ -199,6 +200,8 @@ class MatmulCase(Case):
     n: int = 8192
 
     def __post_init__(self) -> None:
+        # Any spelling of the table ("fp16", "half") reads as bench's own ("float16").
+        object.__setattr__(self, "dtype", _precision.long_name(self.dtype) or self.dtype)
         _check_choice("MatmulCase", "dtype", self.dtype, MATMUL_DTYPES)
         _check_size("MatmulCase", "n", self.n)
         self._name(f"matmul_{self.dtype}", "matmul", self.dtype, f"matmul_{self.dtype}")
@@ -211,12 +214,12 @@ class MatmulCase(Case):
     @property
     def storage(self) -> str:
         """The array dtype: float32 for tf32."""
-        return "float32" if self.dtype == "tf32" else self.dtype
+        return _precision.storage(self.dtype)
 
     @property
     def precision(self) -> str | None:
         """matmul()'s precision: "high" (TF32) for tf32, "highest" for float32, else None."""
-        return {"tf32": "high", "float32": "highest"}.get(self.dtype)
+        return _precision.matmul_precision(self.dtype)
 
     @property
     def peak_key(self) -> str:
@@ -241,16 +244,11 @@ class MatmulCase(Case):
         def torch_mm(torch: Any) -> Callable[[], Any]:
             ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
             tout = torch.empty_like(ta)
-            tf32 = self.dtype == "tf32"
+            tf32 = _precision.resolve(self.dtype).torch_allow_tf32
 
             def theirs() -> Any:
-                matmul = torch.backends.cuda.matmul
-                previous = matmul.allow_tf32
-                matmul.allow_tf32 = tf32
-                try:
+                with _precision.TorchTf32(torch, tf32):
                     return torch.mm(ta, tb, out=tout)
-                finally:
-                    matmul.allow_tf32 = previous
             return theirs
 
         meta = {"m": n, "n": n, "k": n, "dtype": self.dtype, "precision": precision}

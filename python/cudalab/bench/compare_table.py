@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .._table import format_table
 from .measurement import Measurement
 
 __all__ = ["Compare"]
@@ -134,26 +135,24 @@ class Compare:
                 line.append(text)
             body.append(line)
 
-        widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-        out = [f"[{'-' * 2} {label} {'-' * 2}]"]
-        out.append("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-        for r_index, line in enumerate(body):
-            parts = []
-            for c_index, (cell, w) in enumerate(zip(line, widths)):
-                padded = cell.ljust(w) if c_index == 0 else cell.rjust(w)
-                if self._colorize and c_index > 0 and cell:
-                    key = (rows[r_index], columns[c_index - 1])
-                    group_keys = ([(rows[r_index], c) for c in columns] if self._colorize == "row"
-                                  else [(r, columns[c_index - 1]) for r in rows])
-                    best = best_of(group_keys)
-                    v = values.get(key)
-                    if v is not None and best is not None:
-                        if v == best:
-                            padded = f"{_GREEN}{padded}{_RESET}"
-                        elif (v >= 1.5 * best) if not higher_is_better else (v * 1.5 <= best):
-                            padded = f"{_RED}{padded}{_RESET}"
-                parts.append(padded)
-            out.append("  ".join(parts))
+        def colour(r_index: int, c_index: int, padded: str) -> str:
+            cell = body[r_index][c_index]
+            if self._colorize and c_index > 0 and cell:
+                key = (rows[r_index], columns[c_index - 1])
+                group_keys = ([(rows[r_index], c) for c in columns] if self._colorize == "row"
+                              else [(r, columns[c_index - 1]) for r in rows])
+                best = best_of(group_keys)
+                v = values.get(key)
+                if v is not None and best is not None:
+                    if v == best:
+                        padded = f"{_GREEN}{padded}{_RESET}"
+                    elif (v >= 1.5 * best) if not higher_is_better else (v * 1.5 <= best):
+                        padded = f"{_RED}{padded}{_RESET}"
+            return padded
+
+        # The one table formatter, without its rule, trailing spaces kept, cells coloured.
+        out = [format_table(header, body, title=f"[{'-' * 2} {label} {'-' * 2}]", rule=False,
+                            strip=False, decorate=colour)]
         devices = sorted({m.device for m in group if m.device})
         note = unit_note + (f"; device: {', '.join(devices)}" if devices else "")
         if self._highlight and any(m.noisy for m in group):

@@ -14,6 +14,8 @@ import math
 import statistics
 from typing import Any, Iterable, Sequence
 
+from .._table import format_time  # the one time formatter (re-exported here)
+
 __all__ = ["Measurement", "format_time", "quartiles"]
 
 # Relative IQR (IQR / median) above which a measurement is flagged as noisy.
@@ -31,17 +33,6 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
         return ordered[0], ordered[0], ordered[0]
     q1, q2, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
     return q1, q2, q3
-
-
-def format_time(seconds: float) -> str:
-    """A time with a unit that keeps 3-4 significant digits: '812.3 us'."""
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    magnitude = abs(seconds)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if magnitude >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds / 1e-9:.4g} ns"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .._table import format_bytes
+
 MIB = 1 << 20
 
 # A tutorial's speed-up claim holds when this GPU reaches at least this
@@ -42,11 +44,9 @@ def within_factor(measured: float | None, tutorial: float, factor: float = CLAIM
 
 
 def format_bytes_short(nbytes: float) -> str:
-    """format_bytes_short(nbytes) -> str: '4 KiB', '1.5 MiB', '2 GiB'."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.4g} {unit}"
-    return f"{nbytes:.0f} B"
+    """format_bytes_short(nbytes) -> str: '4 KiB', '1.5 MiB', '2 GiB' (the one byte
+    formatter, cudalab._table.format_bytes, in its short form)."""
+    return format_bytes(nbytes, short=True)
 
 
 def first_at_least(xs: Sequence[float], values: Sequence[float | None],

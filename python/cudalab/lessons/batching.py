@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import cudalab
+from cudalab import _precision
 
 from ..bench import ceiling
 from ._measuring import host_time, pick, random_array, ratio, rel_error
@@ -61,12 +62,8 @@ def launch_overhead(loop_host_s: float, loop_gpu_s: float) -> float:
 
 def _torch_rows(r: LessonRun, torch: Any, size: int, a_h, b_h, ref, flops: float) -> None:
     # True fp32 like ours (precision="highest"), whatever an earlier lesson set.
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with _precision.TorchTf32(torch, False):
         _torch_methods(r, torch, size, a_h, b_h, ref, flops)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def _torch_methods(r: LessonRun, torch: Any, size: int, a_h, b_h, ref, flops: float) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import cudalab
+from cudalab import _precision
 from ..bench import host_clock, host_measurement
 from . import _params as P
 from .registry import LessonRun, lesson
@@ -194,13 +195,9 @@ def _torch_matmul(r: LessonRun, dtype: str, n: int) -> float | None:
     if torch is None:
         return None
     x = torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype))
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # float32 at full precision, as ours
-    try:
+    with _precision.TorchTf32(torch, False):  # float32 at full precision, as ours
         m = r.add(_gpu_timer(r).measure(torch.matmul, x, x, flops=2.0 * n ** 3, ceiling=None,
                                         label=f"matmul {dtype} torch"))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
     return m.tflops * 1e3
 
 

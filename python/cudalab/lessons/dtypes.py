@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 import cudalab
+from cudalab import _precision
 
 from .analysis import claim_at_least
 from ._measuring import rel_error
@@ -46,7 +47,7 @@ TUTORIAL_FP16_OVER_FP32 = 16.0
 
 def storage(dtype: str) -> str:
     """storage(dtype) -> str: the array dtype (float32 for tf32)."""
-    return "float32" if dtype == "tf32" else dtype
+    return _precision.storage(dtype)
 
 
 def fp64_verdict(ratio: float, capability: tuple[int, int]) -> tuple[bool, str]:
@@ -69,7 +70,7 @@ def fp64_verdict(ratio: float, capability: tuple[int, int]) -> tuple[bool, str]:
 
 def _set_precision(dtype: str) -> None:
     if storage(dtype) == "float32":
-        cudalab.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+        cudalab.set_float32_matmul_precision(_precision.matmul_precision(dtype))
 
 
 def _ceiling(r: LessonRun, dtype: str) -> str | None:
@@ -82,14 +83,9 @@ def _ceiling(r: LessonRun, dtype: str) -> str | None:
 def _torch_matmul(r: LessonRun, torch: Any, dtype: str, a: Any, b: Any, flops: float) -> Any:
     ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
     tout = torch.empty_like(ta)
-    flags = torch.backends.cuda.matmul
-    previous = flags.allow_tf32
-    flags.allow_tf32 = dtype == "tf32"
-    try:
+    with _precision.TorchTf32(torch, _precision.resolve(dtype).torch_allow_tf32):
         return r.measure(f"torch matmul {dtype}", lambda: torch.mm(ta, tb, out=tout),
                          flops=flops, ceiling=_ceiling(r, dtype))
-    finally:
-        flags.allow_tf32 = previous
 
 
 def _one_dtype(r: LessonRun, dtype: str, a64: Any, b64: Any, ref: np.ndarray, peaks: dict,

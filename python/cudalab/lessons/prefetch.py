@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 import cudalab
+from cudalab import _precision
 from cudalab.bench import host_clock, host_measurement
 from cudalab.prefetch import CudalabCalls, StagingRing
 from cudalab.prefetch import Prefetcher as SharedPrefetcher
@@ -233,13 +234,9 @@ def _steps(w: Any, passes: int, torch: Any) -> dict[str, Any]:
         tw = torch.from_dlpack(w)
 
         def theirs(batch: Any) -> None:
-            previous = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = False
-            try:
+            with _precision.TorchTf32(torch, False):
                 for _ in range(passes):
                     torch.mm(batch, tw)
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = previous
         steps["torch"] = theirs
     return steps
 

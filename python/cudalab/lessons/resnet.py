@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .. import _precision
 from ..models.torch_twin import DTYPE_OF
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 
@@ -28,11 +29,11 @@ __all__ = ["CEILING_OF", "DTYPE_OF", "MAX_BATCH", "PRECISIONS", "check_batch_siz
 # cudalab.models.torch_twin) gives the dtype each stores activations and weights in.
 PRECISIONS = tuple(_NN_PRECISIONS)
 # The measured GEMM ceiling a precision's convolutions are compared with.
-CEILING_OF = {"fp32": "matmul_float32", "tf32": "matmul_tf32", "fp16": "matmul_float16",
-              "bf16": "matmul_bfloat16"}
-# Other spellings accepted on the command line.
-ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-           "tfloat32": "tf32"}
+# ("matmul_" and the precision's bench spelling, from the one table).
+CEILING_OF = {name: f"matmul_{_precision.resolve(name).long_name}" for name in PRECISIONS}
+# Other spellings accepted on the command line: the table's aliases of these precisions.
+ALIASES = {alias: spec.name for alias, spec in _precision.ALIASES.items()
+           if alias != spec.name and spec.name in PRECISIONS}
 # The largest batch the lesson and the command take (the issue's "up to 256").
 MAX_BATCH = 256
 # ImageNet's input size.

@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import cudalab
-from cudalab.bench import ceiling
+from cudalab import _precision
+from cudalab.bench import MatmulCase, ceiling
 
 from ._measuring import rel_error
 from . import _params as P
@@ -134,34 +135,16 @@ class Kernel:
     torch_fn: Callable[[], Any] | None = None
 
 
-def _storage(dtype: str) -> str:
-    return "float32" if dtype == "tf32" else dtype
-
-
-def _precision(dtype: str) -> str | None:
-    return {"tf32": "high", "float32": "highest"}.get(dtype)
-
-
-def _torch_matmul(torch: Any, a: Any, b: Any, out: Any, tf32: bool) -> Callable[[], Any]:
-    ta, tb, tout = torch.from_dlpack(a), torch.from_dlpack(b), torch.from_dlpack(out)
-
-    def mm() -> Any:
-        flag = torch.backends.cuda.matmul
-        previous, flag.allow_tf32 = flag.allow_tf32, tf32
-        try:
-            return torch.mm(ta, tb, out=tout)
-        finally:
-            flag.allow_tf32 = previous
-    return mm
-
-
 def _matmul_kernel(name: str, dtype: str, n: int, seed: int, torch: Any) -> Kernel:
-    storage, precision = _storage(dtype), _precision(dtype)
+    # Storage and matmul's precision from the one table.
+    spec = _precision.resolve(dtype)
+    storage, precision = spec.storage, spec.matmul_precision
     a = cudalab.random.normal((n, n), dtype=storage, seed=seed)
     b = cudalab.random.normal((n, n), dtype=storage, seed=seed + 1)
     out = cudalab.empty((n, n), dtype=storage)
     itemsize = {"float64": 8, "float32": 4}.get(storage, 2)
-    twin = None if torch is None else _torch_matmul(torch, a, b, out, dtype == "tf32")
+    # The bench case's torch.mm twin: same size, dtype and TF32 setting (its own operands).
+    twin = None if torch is None else MatmulCase(dtype, n).prepare().torch_twin(torch).fn
     return Kernel(name, dtype, f"{n}x{n}x{n}",
                   lambda: cudalab.matmul(a, b, out=out, precision=precision),
                   2.0 * n ** 3, 3.0 * n * n * itemsize, twin)
@@ -217,9 +200,9 @@ def _check_small(r: LessonRun, dtypes: tuple[str, ...]) -> None:
     r.check("softmax (37x1500 float32) vs float64 NumPy",
             rel_error(got, w / w.sum(1, keepdims=True)), ELEMENTWISE_TOLERANCE)
     for dtype in dtypes:
-        a = cudalab.random.normal((67, 129), dtype=_storage(dtype), seed=21)
-        b = cudalab.random.normal((129, 45), dtype=_storage(dtype), seed=22)
-        got = cudalab.matmul(a, b, precision=_precision(dtype)).get()
+        a = cudalab.random.normal((67, 129), dtype=_precision.storage(dtype), seed=21)
+        b = cudalab.random.normal((129, 45), dtype=_precision.storage(dtype), seed=22)
+        got = cudalab.matmul(a, b, precision=_precision.matmul_precision(dtype)).get()
         want = a.get().astype(np.float64) @ b.get().astype(np.float64)
         r.check(f"matmul {dtype} (67x129 @ 129x45) vs float64 NumPy", rel_error(got, want),
                 MATMUL_TOLERANCE[dtype])

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 import cudalab
+from .. import _precision
 from ..bench import MatmulCase
 from .registry import LessonRun, lesson
 
@@ -40,10 +41,11 @@ TUTORIAL_T4_TFLOPS_2048 = 18.70
 CHECK_ROWS = 128
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "tf32": 5e-3}
 
-# Storage dtype, its bytes and matmul's precision for each swept dtype.
-STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32"}
+# Storage dtype, its bytes and matmul's precision for each swept dtype (the
+# storage and precision from the one table, cudalab._precision).
+STORAGE = {d: _precision.storage(d) for d in ("float16", "bfloat16", "tf32")}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "tf32": 4}
-PRECISION = {"float16": None, "bfloat16": None, "tf32": "high"}
+PRECISION = {d: _precision.matmul_precision(d) for d in STORAGE}
 ALIGN_BYTES = 16
 DTYPES = tuple(STORAGE)
 

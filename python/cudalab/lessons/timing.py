@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import cudalab
+from cudalab import _precision
 from ..bench import host_clock, host_measurement
 from . import _params as P
 from .registry import LessonRun, lesson
@@ -198,12 +199,8 @@ def run(r: LessonRun) -> None:
     torch = r.torch()
     if torch is not None:
         ta = torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype))
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
+        with _precision.TorchTf32(torch, False):
             theirs = _methods(r, "torch", functools.partial(torch.matmul, ta, ta), 2.0 * n ** 3)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
         x = theirs["host clock, no synchronize"].median / theirs["cudalab.bench"].median
         r.finding(f"PyTorch's matmul reads the same way: {x:.2%} of its bench median without a "
                   f"synchronize", value=x, unit="x",

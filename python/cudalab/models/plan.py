@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _precision
+
 from .arch import RESNET50, Conv, GlobalAvgPool, Layer, Linear, MaxPool, last_reads, \
     tensor_shapes
 
@@ -48,8 +50,9 @@ ALIGN = 256
 # Bytes per element of the model dtypes.
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 # A float32 GEMM step's precision code: true fp32 or TF32, by the model's
-# precision names or matmul's.
-PRECISION_CODES = {"fp32": 0, "highest": 0, "tf32": 1, "high": 1}
+# precision names or matmul's (both from the one table, cudalab._precision).
+PRECISION_CODES = {name: code for code, spec in enumerate(map(_precision.resolve, ("fp32", "tf32")))
+                   for name in (spec.name, spec.matmul_precision)}
 
 
 def _align(nbytes: int) -> int:

@@ -19,14 +19,16 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from .. import _precision
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 
 __all__ = ["DTYPE_OF", "TorchPrecision", "TorchTwin", "torch_resnet50", "torch_session",
            "torchvision_or_none"]
 
-# The dtype each of cudalab.models' precisions (cudalab.nn's names) stores
-# activations and weights in: the twin runs the whole model in it.
-DTYPE_OF = {name: str(p.compute_dtype) for name, p in _NN_PRECISIONS.items()}
+# The torch dtype each of cudalab.models' precisions (cudalab.nn's names) stores
+# activations and weights in (the one table's torch_dtype): the twin runs the
+# whole model in it.
+DTYPE_OF = {name: _precision.resolve(name).torch_dtype for name in _NN_PRECISIONS}
 
 
 def torchvision_or_none() -> Any:
@@ -53,24 +55,25 @@ def torch_resnet50(torch: Any, torchvision: Any, state: Mapping[str, np.ndarray]
     return module.eval()
 
 
-class TorchPrecision:
+class TorchPrecision(_precision.TorchTf32):
     """``with TorchPrecision(torch, precision):`` TF32 on only for "tf32" (matmul and
     cuDNN), cuDNN autotuning on; torch's previous settings restored after."""
 
     def __init__(self, torch: Any, precision: str) -> None:
-        self.torch = torch
-        self.tf32 = precision == "tf32"
+        spec = _precision.lookup(precision)
+        super().__init__(torch, spec is not None and spec.torch_allow_tf32, cudnn=True)
+        self.tf32 = self.on
 
     def __enter__(self) -> TorchPrecision:
+        super().__enter__()
         b = self.torch.backends
-        self.saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
-        b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = self.tf32
+        self.saved_benchmark = b.cudnn.benchmark
         b.cudnn.benchmark = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        b = self.torch.backends
-        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark = self.saved
+        super().__exit__(*exc)
+        self.torch.backends.cudnn.benchmark = self.saved_benchmark
 
 
 def _torch_dtype(torch: Any, precision: str) -> Any:

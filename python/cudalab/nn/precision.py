@@ -21,6 +21,8 @@ from typing import Any, Optional
 import ml_dtypes
 import numpy as np
 
+from .. import _precision as _table
+
 __all__ = ["PRECISIONS", "Precision", "get_precision"]
 
 
@@ -57,11 +59,18 @@ class Precision:
         return self.compute_dtype != self.master_dtype
 
 
+def _mode(name: str, needs_scaler: bool) -> Precision:
+    # The compute dtype and matmul precision come from the one table (cudalab._precision).
+    spec = _table.resolve(name)
+    dtype = np.dtype(ml_dtypes.bfloat16) if spec.storage == "bfloat16" else np.dtype(spec.storage)
+    return Precision(spec.name, dtype, spec.matmul_precision, needs_scaler)
+
+
 PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision("fp32", np.dtype(np.float32), "highest", False),
-    "tf32": Precision("tf32", np.dtype(np.float32), "high", False),
-    "fp16": Precision("fp16", np.dtype(np.float16), None, True),
-    "bf16": Precision("bf16", np.dtype(ml_dtypes.bfloat16), None, False),
+    "fp32": _mode("fp32", False),
+    "tf32": _mode("tf32", False),
+    "fp16": _mode("fp16", True),
+    "bf16": _mode("bf16", False),
 }
 
 
@@ -73,7 +82,8 @@ def get_precision(precision: Any, func: str = "get_precision") -> Precision:
     Parameters
     ----------
     precision : Precision or str
-        One of ``PRECISIONS``' names, or a Precision (returned as it is).
+        One of ``PRECISIONS``' names or another spelling of one ("float16",
+        "half", "bfloat16", "float32"), or a Precision (returned as it is).
     func : str, optional
         The function named in an error message.
 
@@ -88,7 +98,7 @@ def get_precision(precision: Any, func: str = "get_precision") -> Precision:
         raise TypeError(f"{func}() argument 'precision': expected a Precision or one of "
                         f"{', '.join(map(repr, PRECISIONS))}, got {type(precision).__name__}")
     try:
-        return PRECISIONS[precision]
+        return PRECISIONS[_table.short_name(precision) or precision]
     except KeyError:
         raise ValueError(f"{func}() argument 'precision': expected one of "
                          f"{', '.join(map(repr, PRECISIONS))}, got {precision!r}") from None

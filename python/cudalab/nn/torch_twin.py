@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import cudalab
 
+from .. import _precision
 from .layers import MLP
 
 __all__ = ["Tf32", "torch_adamw", "torch_batches", "torch_grad_scaler", "torch_train_step",
@@ -95,16 +96,9 @@ def torch_adamw(torch: Any, params: Iterable[Any], lr: float) -> Any:
         return torch.optim.AdamW(params, lr=lr)
 
 
-class Tf32:
-    """``with Tf32(torch, on):`` torch's float32 matmuls in TF32 or not, restored after."""
+class Tf32(_precision.TorchTf32):
+    """``with Tf32(torch, on):`` torch's float32 matmuls in TF32 or not, restored after
+    (the one TF32 switch, cudalab._precision.TorchTf32, for torch matmuls only)."""
 
     def __init__(self, torch: Any, on: bool) -> None:
-        self.matmul = torch.backends.cuda.matmul
-        self.on = on
-
-    def __enter__(self) -> None:
-        self.saved = self.matmul.allow_tf32
-        self.matmul.allow_tf32 = self.on
-
-    def __exit__(self, *exc: Any) -> None:
-        self.matmul.allow_tf32 = self.saved
+        super().__init__(torch, on)
