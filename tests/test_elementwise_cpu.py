@@ -17,6 +17,7 @@ import pytest
 
 import cudalab
 from _support import BF16, DTYPES, arg_error
+from _references import NUMPY_REFERENCES
 
 core = cudalab._core
 result_type = core._elementwise_result_type
@@ -24,16 +25,11 @@ result_type = core._elementwise_result_type
 IDS = [d.name for d in DTYPES]
 SUPPORTED = set(DTYPES)
 
-BINARY = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.true_divide,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "pow": np.power,
-}
-FLOAT_UNARY = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh}
+# NumPy's ufuncs for the ops whose result dtypes are checked against NumPy's
+# (from tests/_references.py, the one reference table).
+BINARY = {name: NUMPY_REFERENCES[name]
+          for name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow")}
+FLOAT_UNARY = {name: NUMPY_REFERENCES[name] for name in ("exp", "log", "sqrt", "tanh")}
 
 
 def numpy_dtype(ufunc, *operands):
