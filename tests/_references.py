@@ -21,19 +21,10 @@ import math
 
 import numpy as np
 
+from _support import erf as erf64
+from _support import gelu_reference as _gelu
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def erf64(x) -> np.ndarray:
-    """The error function of `x` in float64, element by element."""
-    return np.vectorize(math.erf, otypes=[np.float64])(np.asarray(x, dtype=np.float64))
-
-
-def _gelu(x, approximate: str) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
-    return 0.5 * x * (1.0 + erf64(x / math.sqrt(2.0)))
 
 
 def _gelu_grad(grad, x, approximate: str) -> np.ndarray:
