@@ -59,7 +59,9 @@ cl_exec(PyObject *module)
         PyModule_AddFunctions(module, cl_creation_methods) < 0 ||
         PyModule_AddFunctions(module, cl_copyto_methods) < 0 ||
         PyModule_AddFunctions(module, cl_elementwise_methods) < 0 ||
+        cl_elementwise_init(module) < 0 ||
         PyModule_AddFunctions(module, cl_reduce_methods) < 0 ||
+        cl_reduce_init(module) < 0 ||
         PyModule_AddFunctions(module, cl_transpose_methods) < 0 ||
         PyModule_AddFunctions(module, cl_random_methods) < 0 ||
         PyModule_AddFunctions(module, cl_blas_methods) < 0 ||

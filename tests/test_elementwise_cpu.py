@@ -17,6 +17,7 @@ import pytest
 
 import cudalab
 from _support import BF16, DTYPES, arg_error
+from _references import NUMPY_REFERENCES
 
 core = cudalab._core
 result_type = core._elementwise_result_type
@@ -24,16 +25,11 @@ result_type = core._elementwise_result_type
 IDS = [d.name for d in DTYPES]
 SUPPORTED = set(DTYPES)
 
-BINARY = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.true_divide,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "pow": np.power,
-}
-FLOAT_UNARY = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh}
+# NumPy's ufuncs for the ops whose result dtypes are checked against NumPy's
+# (from tests/_references.py, the one reference table).
+BINARY = {name: NUMPY_REFERENCES[name]
+          for name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow")}
+FLOAT_UNARY = {name: NUMPY_REFERENCES[name] for name in ("exp", "log", "sqrt", "tanh")}
 
 
 def numpy_dtype(ufunc, *operands):
@@ -197,9 +193,13 @@ def test_python_int_out_of_range():
 
 # ------------------------------------------------------- argument errors ----
 
-ALL_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
-ALL_UNARY = ["neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu"]
-ALL_GRAD = ["relu_grad", "gelu_grad"]  # (grad, x, ...): activation backward
+# The op table's functions by signature (a new op joins its family's tests).
+_SIGNATURES = {name: getattr(core, name).__text_signature__ for name in core._ELEMENTWISE_OPS}
+ALL_BINARY = [n for n, s in _SIGNATURES.items() if s == "(a, b, out=None)"]
+ALL_UNARY = [n for n, s in _SIGNATURES.items()
+             if s in ("(a, out=None)", "(a, approximate='none', out=None)")]
+ALL_GRAD = [n for n, s in _SIGNATURES.items() if s.startswith("(grad, x, ")]  # backward
+OTHERS = ["axpy", "clamp", "where"]  # a signature of their own each
 
 
 @pytest.mark.parametrize("func", ALL_BINARY)
@@ -395,7 +395,7 @@ def test_signatures_and_docstrings():
     for name in ALL_GRAD:
         doc = getattr(cudalab, name).__doc__
         assert "Parameters" in doc and "Returns" in doc and "torch" in doc
-    for name in ALL_BINARY + ALL_UNARY + ALL_GRAD + ["axpy", "clamp", "where"]:
+    for name in ALL_BINARY + ALL_UNARY + ALL_GRAD + OTHERS:
         assert name in cudalab.__all__
         assert getattr(cudalab, name) is getattr(core, name)
 
@@ -612,9 +612,9 @@ def test_where_arguments():
 
 def test_elementwise_functions_are_reexported_and_stubbed():
     """Every function of the C op table is cudalab.<name>, in __all__ and in _core.pyi."""
-    names = core._elementwise_functions()
+    names = core._ELEMENTWISE_OPS
     assert len(names) == len(set(names))
-    assert set(ALL_BINARY + ALL_UNARY + ALL_GRAD + ["axpy", "clamp", "where"]) == set(names)
+    assert set(ALL_BINARY + ALL_UNARY + ALL_GRAD + OTHERS) == set(names)  # every op tested
     stub = Path(cudalab.__file__).parent / "_core.pyi"
     if not stub.exists():
         pytest.skip("_core.pyi is not installed next to the package")

@@ -10,7 +10,7 @@ transposes, misaligned slices) and broadcast operands.
 
 from __future__ import annotations
 
-import math
+import inspect
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ import cudalab as cl
 from _support import BF16, is_float
 from _support import check_result as check
 from _support import random_array as rand
+from _references import FORMS, NUMPY_REFERENCES
 
 pytestmark = pytest.mark.gpu
 
@@ -35,34 +36,14 @@ def f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-# NumPy references. Floats are computed in float64 from the rounded inputs;
-# integers by NumPy itself on the same dtypes (so wrapping matches).
-NP_BINARY = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.true_divide,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-}
-
-
-def _erf(x):
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
-
-
-NP_UNARY = {
-    "neg": np.negative,
-    "abs": np.absolute,
-    "exp": np.exp,
-    "log": np.log,
-    "sqrt": np.sqrt,
-    "tanh": np.tanh,
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
-    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
-}
+# NumPy references (tests/_references.py, one table for every test). Floats are
+# computed in float64 from the rounded inputs; integers by NumPy itself on the
+# same dtypes (so wrapping matches). The ops these tests sweep:
+NP_BINARY = {name: NUMPY_REFERENCES[name]
+             for name in ("add", "sub", "mul", "div", "maximum", "minimum")}
+NP_UNARY = {name: NUMPY_REFERENCES[name]
+            for name in ("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu",
+                         "gelu_tanh")}
 FLOAT_ONLY = {"exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "gelu_tanh"}
 
 
@@ -357,6 +338,34 @@ def test_axpy_in_place_broadcast_and_scalars(rng):
     one = cl.asarray(np.array([1 + e], np.float32))
     got = cl.axpy(float(1 + e), one, cl.asarray(np.array([-1 - 2 * e], np.float32))).get()
     assert got[0] == np.float32(2.0**-46)
+
+
+# ---------------------------------------------- every op of the table -------
+
+
+def table_operands(func) -> list[str]:
+    """The operand parameters of an op-table function: its text signature's
+    parameters, less approximate= and out=."""
+    return [p for p in inspect.signature(func).parameters if p not in ("approximate", "out")]
+
+
+@pytest.mark.parametrize("name", [*cl._core._ELEMENTWISE_OPS, *FORMS])
+def test_every_table_op_matches_its_reference(rng, name):
+    """Each function of the op table (and each approximate= form), on float32 arrays,
+    against its NumPy reference in tests/_references.py: a table op without one fails."""
+    func_name, kw = FORMS.get(name, (name, {}))
+    func = getattr(cl, func_name)
+    reference = NUMPY_REFERENCES[name]
+    hosts = {p: rand(rng, (37, 129), F32, low=-2.0, high=2.0) for p in table_operands(func)}
+    if "alpha" in hosts:
+        hosts["alpha"] = 1.5  # axpy's alpha is a scalar
+    if "cond" in hosts:
+        hosts["cond"] = hosts["cond"] > 0  # where: both branches taken
+    got = func(*(cl.asarray(h) if isinstance(h, np.ndarray) else h for h in hosts.values()), **kw)
+    with np.errstate(all="ignore"):  # log, sqrt, pow of negatives: NaN on both sides
+        ref = reference(*(f64(h) if isinstance(h, np.ndarray) and h.dtype != np.bool_ else h
+                          for h in hosts.values()))
+    check(got, ref, F32)
 
 
 # ----------------------------------------------------- out= and in place ----

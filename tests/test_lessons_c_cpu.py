@@ -50,21 +50,27 @@ def test_profiling_rejects_bad_params(over, match):
 
 
 def test_profiling_categories_name_ops_the_c_core_records():
-    """Every nn op name a category lists is the name an op frame records in csrc/."""
+    """Every nn op name a category lists is the public name an op frame records in csrc/
+    (the private entry point, _nn_*, is only in errors), and no name is in two kinds."""
     source = "".join(f.read_text() for f in (REPO_ROOT / "csrc" / "ops").glob("*.c"))
-    recorded = set(re.findall(r'"(_nn_[a-z_]+)"', source))
+    # lin_init / mt_init take the private name then the record; the others call
+    # cl_op_record_as(op, record).
+    recorded = set(re.findall(r'(?:lin|mt)_init\([^,]+, [^,]+, (?:"_nn_[a-z_]+"|func), "([a-z_]+)"',
+                              source))
+    recorded |= set(re.findall(r'cl_op_record_as\([^,]+, "([a-z_]+)"\)', source))
     named = profiling.GEMM_OPS | profiling.LOSS_OPS | profiling.OPTIMIZER_OPS
-    assert len(recorded) >= 8 and recorded == {n for n in named if n.startswith("_nn_")}
+    assert len(recorded) >= 8 and recorded == named - {"matmul"}
+    assert not any(n.startswith("_") for n in named)
     sets = (profiling.GEMM_OPS, profiling.LOSS_OPS, profiling.OPTIMIZER_OPS,
-            profiling.REDUCTION_OPS, frozenset(cudalab._core._elementwise_functions()))
+            profiling.REDUCTION_OPS, frozenset(cudalab._core._ELEMENTWISE_OPS))
     assert sum(len(x) for x in sets) == len(frozenset().union(*sets))  # no name in two kinds
 
 
 @pytest.mark.parametrize("name,category", [
-    ("_nn_linear", "gemm"), ("_nn_linear_backward_input", "gemm"),
-    ("_nn_linear_backward_weight", "gemm"), ("matmul", "gemm"),
-    ("_nn_cross_entropy", "loss"), ("_nn_adamw_", "optimizer"), ("_nn_sgd_", "optimizer"),
-    ("_nn_unscale_", "optimizer"), ("_nn_update_scale_", "optimizer"),
+    ("linear", "gemm"), ("linear_backward_input", "gemm"),
+    ("linear_backward_weight", "gemm"), ("matmul", "gemm"),
+    ("cross_entropy", "loss"), ("adamw", "optimizer"), ("sgd", "optimizer"),
+    ("unscale", "optimizer"), ("update_scale", "optimizer"),
     ("mul", "element-wise"), ("where", "element-wise"), ("sum", "reduction"),
     ("copy", "cast"), ("copyto", "cast"), ("_spin", "other")])
 def test_op_category(name, category):
@@ -73,8 +79,8 @@ def test_op_category(name, category):
 
 def test_category_shares_sum_to_one_and_split_by_kind():
     shares = profiling.category_shares(
-        {"_nn_linear": 500, "_nn_linear_backward_weight": 100, "_nn_adamw_": 150, "mul": 100,
-         "_nn_cross_entropy": 50, "sum": 50, "copy": 50}, ELEMENTWISE)
+        {"linear": 500, "linear_backward_weight": 100, "adamw": 150, "mul": 100,
+         "cross_entropy": 50, "sum": 50, "copy": 50}, ELEMENTWISE)
     assert list(shares) == list(profiling.CATEGORIES)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares == pytest.approx({"gemm": 0.6, "loss": 0.05, "optimizer": 0.15, "cast": 0.05,
@@ -324,9 +330,9 @@ from cudalab.lessons import registry  # noqa: E402
 from cudalab.profiler import Profile, ProfilerEvent  # noqa: E402
 
 # GPU microseconds per op of the stand-in step: ratios like a real bf16 step's.
-_OP_US = {"_nn_linear": 60.0, "_nn_linear_backward_input": 60.0,
-          "_nn_linear_backward_weight": 60.0, "_nn_cross_entropy": 8.0, "_nn_adamw_": 40.0,
-          "_nn_unscale_": 10.0, "_nn_update_scale_": 2.0, "copyto": 4.0, "div": 2.0}
+_OP_US = {"linear": 60.0, "linear_backward_input": 60.0,
+          "linear_backward_weight": 60.0, "cross_entropy": 8.0, "adamw": 40.0,
+          "unscale": 10.0, "update_scale": 2.0, "copyto": 4.0, "div": 2.0}
 _GAP_NS = 300     # between two ops on the fake GPU
 _HOST_NS = 8_000  # host time to issue one op
 
@@ -335,13 +341,13 @@ def step_ops(layers, precision):
     """The op names a cudalab.nn train_step records, in order (see nn/layers.py, train.py)."""
     half = precision in ("fp16", "bf16")
     casts = ["copyto"] * (2 * layers + 1) if half else []  # weights, biases and the input
-    ops = casts + ["_nn_linear"] * layers + ["_nn_cross_entropy"]
+    ops = casts + ["linear"] * layers + ["cross_entropy"]
     for i in range(layers - 1, -1, -1):
-        ops += ["_nn_linear_backward_weight"]  # float32 gradients: nothing to cast back
-        ops += ["_nn_linear_backward_input"] if i > 0 else []
+        ops += ["linear_backward_weight"]  # float32 gradients: nothing to cast back
+        ops += ["linear_backward_input"] if i > 0 else []
     if precision == "fp16":
-        ops += ["copyto", "div", "_nn_unscale_"]
-    return ops + ["_nn_adamw_"] + (["_nn_update_scale_"] if precision == "fp16" else [])
+        ops += ["copyto", "div", "unscale"]
+    return ops + ["adamw"] + (["update_scale"] if precision == "fp16" else [])
 
 
 class _FakeGpu:
@@ -360,7 +366,7 @@ class _FakeGpu:
             self.events.append(ProfilerEvent(
                 name=name, kind="op", device=0, stream=0, thread_id=1, host_start_ns=host0,
                 host_end_ns=self.host, gpu_start_ns=start, gpu_duration_ns=duration,
-                flops=10**9 if name.startswith("_nn_linear") else None, bytes=10**6))
+                flops=10**9 if name.startswith("linear") else None, bytes=10**6))
 
 
 def _fake_profiler(monkeypatch):
@@ -465,7 +471,7 @@ def test_profiling_stand_in_table_accounts_for_every_op(monkeypatch, tmp_path):
         row = categories[f"all {category} ops"]
         assert row["calls_per_step"] == want, category
         share = sum(_OP_US[n] for n in ops if profiling.op_category(
-            n, frozenset(cudalab._core._elementwise_functions())) == category) / total
+            n, frozenset(cudalab._core._ELEMENTWISE_OPS)) == category) / total
         assert row["gpu_pct"] == pytest.approx(100 * share, rel=1e-3), category
     assert "all reduction ops" not in categories  # a step with no reduction has no row
     op_rows = [row for row in r.rows if row["kind"] == "op"]

@@ -294,6 +294,25 @@ def test_copies_fills_and_transfers_are_recorded(rng):
     assert (f.get() == 2.5).all() and r.shape == (1001,)
 
 
+def test_nn_ops_are_recorded_under_public_names(rng):
+    """nn.functional's ops are recorded as the public functions (linear, ...), not as the
+    private entry points they call (_nn_linear, ...), which only their errors name."""
+    from cudalab.nn import functional as F
+
+    x = cl.asarray(random_array(rng, (16, 32), F32))
+    w = cl.asarray(random_array(rng, (8, 32), F32))
+    labels = cl.asarray(np.arange(16, dtype=np.int64) % 8)
+    with profile() as prof:
+        y = F.linear(x, w)
+        F.linear_backward_input(y, w)
+        F.linear_backward_weight(y, x)
+        F.cross_entropy(y, labels)
+    assert [e.name for e in ops_only(prof)] == [
+        "linear", "linear_backward_input", "linear_backward_weight", "cross_entropy"]
+    with pytest.raises(TypeError, match="_nn_linear"):
+        _core._nn_linear(x, 1.0)
+
+
 def test_failed_op_is_not_recorded(memory_baseline):
     total = cl.get_device_properties().total_memory
     # A limit 64 MiB above what is allocated now (earlier tests may hold some).

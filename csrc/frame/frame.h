@@ -25,7 +25,9 @@
 
 typedef struct cl_op {
     cl_state *st;
-    const char *func;         /* the public function, for messages and the profiler */
+    const char *func;         /* the function called, for messages (and the profiler) */
+    const char *record;       /* the profiler's name for the op: func, or the public
+                                 name set by cl_op_record_as where func is private */
     int device;               /* fixed by the first array operand; -1 until then */
     const char *device_param; /* the parameter that fixed it */
     int previous;             /* the caller's device, restored by cl_op_end */
@@ -35,6 +37,14 @@ typedef struct cl_op {
 } cl_op;
 
 void cl_op_init(cl_op *op, cl_state *st, const char *func);
+/* A private entry point (_nn_linear) still names itself in its errors, but
+ * the profiler records the op under the public name (linear); call before
+ * cl_op_begin. */
+static inline void
+cl_op_record_as(cl_op *op, const char *name)
+{
+    op->record = name;
+}
 
 /* `obj` must be a DeviceArray (TypeError with the asarray() hint otherwise)
  * on the op's device (ValueError naming both parameters otherwise). */

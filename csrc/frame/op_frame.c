@@ -11,6 +11,7 @@ cl_op_init(cl_op *op, cl_state *st, const char *func)
 {
     op->st = st;
     op->func = func;
+    op->record = func;
     op->device = -1;
     op->device_param = NULL;
     op->previous = -1;
@@ -121,7 +122,7 @@ cl_op_begin(cl_op *op)
     }
     op->begun = true;
     op->stream = cl_current_stream(op->st);
-    cl_prof_begin(op->st, &op->prof, op->func, op->device);
+    cl_prof_begin(op->st, &op->prof, op->record, op->device);
     return 0;
 }
 

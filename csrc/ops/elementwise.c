@@ -2,14 +2,13 @@
  *
  * The ops are the lines of the op table (cuda/ops/elementwise_ops.h): each
  * line with a signature becomes a module function here, with its docstring,
- * and _elementwise_functions() lists them for the package to re-export.
+ * and _core._ELEMENTWISE_OPS names them (the package's exports, the
+ * profiler's element-wise category and the tests read that tuple).
  *
- *   add sub mul div maximum minimum pow     binary, NumPy broadcasting, scalars
- *   axpy(alpha, x, y)                       alpha * x + y, one rounding (fma)
- *   clamp(a, lo, hi)  where(cond, a, b)     three operands
- *   neg abs exp log sqrt tanh sigmoid relu gelu(approximate=)    unary
- *   relu_grad(grad, x)  gelu_grad(grad, x, approximate=)   activation backward
- *   + - * / += -= *= /= unary - abs()       the number protocol
+ * The signatures (CL_EW_SIG_*): unary and binary (NumPy broadcasting,
+ * scalars), axpy, clamp and where (three operands), gelu and the activation
+ * backwards (approximate=); DeviceArray's + - * / += -= *= /= unary - abs()
+ * (the number protocol) reach the same ops.
  *
  * Operands are DeviceArrays or real scalars (Python bool/int/float, NumPy
  * scalars); host arrays are refused (no implicit uploads). The result dtype
@@ -977,30 +976,29 @@ CL_EW_OPS(EW_FUNCTION_)
 #undef EW_FUNCTION_
 #undef EW_DEFINE_
 
-PyDoc_STRVAR(ew_py__elementwise_functions_doc,
-"_elementwise_functions()\n--\n\n"
-"The names of the element-wise functions, in the order of the op table\n"
-"(the package re-exports each).");
+/* _ELEMENTWISE_OPS: the names of the functions of the table, in its order
+ * (the lines with a signature): the package re-exports each, the profiler
+ * files their records as element-wise, the tests check each. */
+#define EW_NAME_(ENUM, name, sig, ...) EW_IF_##sig(#name,)
+static const char *const ew_function_names[] = {CL_EW_OPS(EW_NAME_)};
+#undef EW_NAME_
 
-static PyObject *
-ew_py__elementwise_functions(PyObject *module, PyObject *unused)
+int
+cl_elementwise_init(PyObject *module)
 {
-    PyObject *names = PyList_New(0);
-    for (int op = 0; names != NULL && op < CL_EW_NUM_OPS; op++) {
-        if (ew_specs[op].sig == CL_EW_SIG_NONE) {
-            continue;
-        }
-        PyObject *name = PyUnicode_FromString(ew_specs[op].name);
-        if (name == NULL || PyList_Append(names, name) < 0) {
-            Py_XDECREF(name);
+    Py_ssize_t n = (Py_ssize_t)(sizeof ew_function_names / sizeof ew_function_names[0]);
+    PyObject *names = PyTuple_New(n);
+    for (Py_ssize_t i = 0; names != NULL && i < n; i++) {
+        PyObject *name = PyUnicode_InternFromString(ew_function_names[i]);
+        if (name == NULL) {
             Py_CLEAR(names);
             break;
         }
-        Py_DECREF(name);
+        PyTuple_SET_ITEM(names, i, name);
     }
-    PyObject *tuple = names != NULL ? PyList_AsTuple(names) : NULL;
+    int r = names != NULL ? PyModule_AddObjectRef(module, "_ELEMENTWISE_OPS", names) : -1;
     Py_XDECREF(names);
-    return tuple;
+    return r;
 }
 
 PyDoc_STRVAR(ew_py__elementwise_result_type_doc,
@@ -1059,8 +1057,6 @@ ew_py__elementwise_result_type(PyObject *module, PyObject *const *args, Py_ssize
 
 PyMethodDef cl_elementwise_methods[] = {
     CL_EW_OPS(EW_METHOD_)
-    {"_elementwise_functions", ew_py__elementwise_functions, METH_NOARGS,
-     ew_py__elementwise_functions_doc},
     {"_elementwise_result_type", (PyCFunction)(void (*)(void))ew_py__elementwise_result_type,
      METH_FASTCALL | METH_KEYWORDS, ew_py__elementwise_result_type_doc},
     {NULL, NULL, 0, NULL},

@@ -182,13 +182,16 @@ parse_bool(const char *func, const char *param, PyObject *obj, bool *value)
     return 0;
 }
 
-/* The options that need no array, checked first (so the CPU tier sees them). */
+/* The options that need no array, checked first (so the CPU tier sees them).
+ * Errors name `func`, the private entry point called; the profiler records
+ * the op as `record`, the public op (nn.functional.linear and its backward). */
 static int
-lin_init(lin_call *c, cl_state *st, const char *func, PyObject *precision_obj,
-         PyObject *activation_obj)
+lin_init(lin_call *c, cl_state *st, const char *func, const char *record,
+         PyObject *precision_obj, PyObject *activation_obj)
 {
     memset(c, 0, sizeof *c);
     cl_op_init(&c->op, st, func);
+    cl_op_record_as(&c->op, record);
     c->dtype = CL_NUM_DTYPES;
     c->precision = cl_mm_default_precision();
     if (precision_obj != NULL && precision_obj != Py_None &&
@@ -504,7 +507,7 @@ static int
 forward_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_gemm *g)
 {
     /* argv: x, weight, bias, activation, out, aux, precision */
-    if (lin_init(c, st, "_nn_linear", argv[6], argv[3]) < 0 ||
+    if (lin_init(c, st, "_nn_linear", "linear", argv[6], argv[3]) < 0 ||
         cl_op_out_type(&c->op, argv[4]) < 0 ||
         matrix_arg(c, argv[0], "x", CL_MAX_NDIM, &c->a) < 0 ||
         matrix_arg(c, argv[1], "weight", 2, &c->b) < 0) {
@@ -545,7 +548,7 @@ backward_input_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_ge
 {
     /* argv: grad_y, weight, out, aux, activation, bias_grad, precision */
     const char *func = "_nn_linear_backward_input";
-    if (lin_init(c, st, func, argv[6], argv[4]) < 0 || cl_op_out_type(&c->op, argv[2]) < 0 ||
+    if (lin_init(c, st, func, "linear_backward_input", argv[6], argv[4]) < 0 || cl_op_out_type(&c->op, argv[2]) < 0 ||
         matrix_arg(c, argv[0], "grad_y", CL_MAX_NDIM, &c->a) < 0 ||
         matrix_arg(c, argv[1], "weight", 2, &c->b) < 0) {
         return -1;
@@ -584,7 +587,7 @@ backward_weight_validate(lin_call *c, cl_state *st, PyObject *const *argv, lin_g
 {
     /* argv: grad_y, x, out, bias_grad, accumulate, precision */
     const char *func = "_nn_linear_backward_weight";
-    if (lin_init(c, st, func, argv[5], NULL) < 0 ||
+    if (lin_init(c, st, func, "linear_backward_weight", argv[5], NULL) < 0 ||
         parse_bool(func, "accumulate", argv[4], &c->accumulate) < 0 ||
         cl_op_out_type(&c->op, argv[2]) < 0 ||
         matrix_arg(c, argv[0], "grad_y", CL_MAX_NDIM, &c->a) < 0 ||

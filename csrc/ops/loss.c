@@ -377,6 +377,7 @@ _nn_cross_entropy(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyO
 {
     ce_call c = {0};
     cl_op_init(&c.op, cl_state_from_module(module), "_nn_cross_entropy");
+    cl_op_record_as(&c.op, "cross_entropy"); /* errors name _nn_cross_entropy */
     if (ce_parse(&c, args, nargs, kwnames) < 0 || cl_op_begin(&c.op) < 0) {
         return NULL;
     }

@@ -73,6 +73,10 @@ extern PyMethodDef cl_optim_methods[];       /* ops/optim.c (nn: scaler, optimiz
 extern PyMethodDef cl_loss_methods[];        /* ops/loss.c (nn) */
 extern PyMethodDef cl_convnet_methods[];     /* ops/convnet.c (models) */
 extern PyMethodDef cl_timing_methods[];      /* ops/timing.c */
+/* The op tables' name tuples: _core._ELEMENTWISE_OPS (ops/elementwise.c) and
+ * _core._REDUCTIONS (ops/reduce.c), generated from their X-macro tables. */
+int cl_elementwise_init(PyObject *module);
+int cl_reduce_init(PyObject *module);
 
 /* CUDAGraph.replay() (ops/graph.c); module.c gives it to cl_graph_init. */
 PyObject *cl_graph_replay(PyObject *self, PyObject *unused);

@@ -99,11 +99,14 @@ typedef struct mt_call {
     int64_t elements;                /* over all tensors, for the profiler */
 } mt_call;
 
+/* Errors name `func`, the private entry point called; the profiler records
+ * the op as `record`, its public name. */
 static void
-mt_init(mt_call *c, PyObject *module, const char *func, int grad_role)
+mt_init(mt_call *c, PyObject *module, const char *func, const char *record, int grad_role)
 {
     memset(c, 0, sizeof *c);
     cl_op_init(&c->op, cl_state_from_module(module), func);
+    cl_op_record_as(&c->op, record);
     c->grad_role = grad_role;
     c->grad_dtype = CL_FLOAT32;
 }
@@ -374,7 +377,7 @@ _nn_unscale_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
 {
     static const char *const names[] = {"grads", "inv_scale", "found_inf", NULL};
     mt_call c;
-    mt_init(&c, module, "_nn_unscale_", 0);
+    mt_init(&c, module, "_nn_unscale_", "unscale", 0);
     PyObject *argv[3];
     DeviceArray *s[2];
     if (cl_parse_args(c.op.func, args, nargs, kwnames, names, 3, argv) < 0 ||
@@ -443,7 +446,7 @@ _nn_update_scale_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyO
     static const char *const names[] = {"scale", "growth_tracker", "found_inf", "growth_factor",
                                         "backoff_factor", "growth_interval", NULL};
     mt_call c;
-    mt_init(&c, module, "_nn_update_scale_", -1);
+    mt_init(&c, module, "_nn_update_scale_", "update_scale", -1);
     PyObject *argv[6];
     DeviceArray *s[3];
     double growth = 2.0, backoff = 0.5;
@@ -530,7 +533,7 @@ _nn_sgd_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
         "params", "grads", "momentum_buffers", "lr", "momentum", "dampening", "weight_decay",
         "nesterov", "found_inf", "grad_scale", "first_step", NULL};
     mt_call c;
-    mt_init(&c, module, "_nn_sgd_", 1);
+    mt_init(&c, module, "_nn_sgd_", "sgd", 1);
     PyObject *argv[11];
     DeviceArray *s[3];
     cl_sgd_args a = {0};
@@ -603,7 +606,7 @@ _nn_adamw_(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
         "params", "grads", "exp_avgs", "exp_avg_sqs", "step", "lr", "beta1", "beta2", "eps",
         "weight_decay", "found_inf", "grad_scale", NULL};
     mt_call c;
-    mt_init(&c, module, "_nn_adamw_", 1);
+    mt_init(&c, module, "_nn_adamw_", "adamw", 1);
     PyObject *argv[12];
     DeviceArray *s[4];
     cl_adamw_args a = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};

@@ -619,6 +619,29 @@ PyDoc_STRVAR(log_softmax_doc,
                          "Computed directly, not as the log of softmax, so\n"
                          "    tiny probabilities keep their precision."));
 
+/* _REDUCTIONS: the names of the table's reductions, in its order (the
+ * package re-exports each, the profiler files them as reductions). */
+#define REDUCE_NAME_(ID, name, ...) name,
+static const char *const reduce_names[] = {CL_REDUCE_OPS(REDUCE_NAME_)};
+#undef REDUCE_NAME_
+
+int
+cl_reduce_init(PyObject *module)
+{
+    PyObject *names = PyTuple_New(CL_REDUCE_NUM_OPS);
+    for (Py_ssize_t i = 0; names != NULL && i < CL_REDUCE_NUM_OPS; i++) {
+        PyObject *name = PyUnicode_InternFromString(reduce_names[i]);
+        if (name == NULL) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyTuple_SET_ITEM(names, i, name);
+    }
+    int r = names != NULL ? PyModule_AddObjectRef(module, "_REDUCTIONS", names) : -1;
+    Py_XDECREF(names);
+    return r;
+}
+
 #define REDUCE_ENTRY_(ID, name, ...)                                                            \
     {name, (PyCFunction)(void (*)(void))reduce_##ID, METH_FASTCALL | METH_KEYWORDS,             \
      reduce_##ID##_doc},

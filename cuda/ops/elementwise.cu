@@ -1,6 +1,6 @@
 // Element-wise operations: the kernels behind every line of the op table in
-// elementwise_ops.h (add, sub, mul, div, maximum, minimum, axpy, neg, abs,
-// exp, log, sqrt, tanh, sigmoid, relu, gelu in two forms, pow, clamp, where).
+// elementwise_ops.h (the ops are listed there only; the dispatch below is
+// generated from the table).
 //
 // Every array an op sees has one dtype (csrc casts mixed operands first),
 // except where's condition, read as bool; float16/bfloat16 are computed in

@@ -22,8 +22,12 @@
  * Generated from it: the cl_ew_op enum (kernels.h), the launcher's op
  * dispatch (cuda/ops/elementwise.cu), and in csrc/ops/elementwise.c the op
  * specs, one entry point per function with its docstring, the method table
- * and the list of names the package re-exports. A new unary op is one line
- * here, its stub in _core.pyi, its tests and its row in docs/api.md. */
+ * and _core._ELEMENTWISE_OPS, the names the package re-exports, the profiler
+ * files as element-wise and the tests check. A new unary op is one line here
+ * (a device helper it needs goes at the end of this file), its stub in
+ * _core.pyi, its name in docs/api.md's element-wise row and its NumPy
+ * reference in tests/_references.py (docs/design.md, "Adding an element-wise
+ * op"). */
 #ifndef CUDALAB_ELEMENTWISE_OPS_H
 #define CUDALAB_ELEMENTWISE_OPS_H
 

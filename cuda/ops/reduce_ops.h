@@ -1,7 +1,8 @@
 /* The reductions, declared once: every list of them (the cl_reduce_op enum of
  * kernels.h, the result dtypes in reduce.cu, the Python functions, their
- * argument specs and docstrings in csrc/ops/reduce.c) is generated from this
- * table.
+ * argument specs and docstrings in csrc/ops/reduce.c, and _core._REDUCTIONS,
+ * the names the package re-exports and the profiler files as reductions) is
+ * generated from this table.
  *
  *   X(ID, name, on_float, on_int, takes_dtype, empty, summary, returns, tail)
  *

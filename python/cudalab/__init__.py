@@ -32,7 +32,6 @@ from ._core import (
     NcclError,
     NoDeviceError,
     OutOfMemoryError,
-    argmax,
     ascontiguousarray,
     asarray,
     copyto,
@@ -50,16 +49,13 @@ from ._core import (
     get_per_process_memory_fraction,
     is_available,
     log_softmax,
-    max,
     max_memory_allocated,
     max_memory_reserved,
     matmul,
-    mean,
     mem_get_info,
     memory_allocated,
     memory_reserved,
     memory_stats,
-    min,
     ones,
     ones_like,
     reset_peak_memory_stats,
@@ -69,20 +65,21 @@ from ._core import (
     set_matmul_padding,
     set_per_process_memory_fraction,
     softmax,
-    sum,
     synchronize,
     transpose,
     zeros,
     zeros_like,
 )
-# Element-wise ops: every function of the C op table, re-exported under the
-# names the table gives (a new op needs no edit here). `abs` and `pow` shadow
-# the builtins inside this namespace only, as numpy.abs does. Type checkers
-# find them through _core.pyi.
+# Element-wise ops and reductions: every function of the C op tables
+# (cuda/ops/elementwise_ops.h, reduce_ops.h), re-exported under the names the
+# tables give, which _core._ELEMENTWISE_OPS and _core._REDUCTIONS list (a new
+# op needs no edit here). `abs`, `pow`, `sum`, `max` and `min` shadow the
+# builtins inside this namespace only, as numpy's do. Type checkers find them
+# through _core.pyi.
 if _TYPE_CHECKING:
     from ._core import *  # noqa: F403
-_ELEMENTWISE = _core._elementwise_functions()
-globals().update({_name: getattr(_core, _name) for _name in _ELEMENTWISE})
+_TABLE_OPS = _core._ELEMENTWISE_OPS + _core._REDUCTIONS
+globals().update({_name: getattr(_core, _name) for _name in _TABLE_OPS})
 # Pinned host memory and interop.
 from ._core import from_dlpack, is_pinned, pinned_empty
 # Several GPUs: peer access (copies between devices: DeviceArray.to, copyto).
@@ -120,7 +117,6 @@ __all__ = [
     "NcclError",
     "NoDeviceError",
     "OutOfMemoryError",
-    "argmax",
     "ascontiguousarray",
     "asarray",
     "copyto",
@@ -142,17 +138,14 @@ __all__ = [
     "get_per_process_memory_fraction",
     "is_available",
     "log_softmax",
-    "max",
     "max_memory_allocated",
     "max_memory_reserved",
     "matmul",
-    "mean",
     "mem_get_info",
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
     "memory_summary",
-    "min",
     "ones",
     "ones_like",
     "random",
@@ -163,14 +156,13 @@ __all__ = [
     "set_matmul_padding",
     "set_per_process_memory_fraction",
     "softmax",
-    "sum",
     "synchronize",
     "transpose",
     "zeros",
     "zeros_like",
 ]
 
-__all__ += list(_ELEMENTWISE)  # element-wise ops
+__all__ += list(_TABLE_OPS)  # element-wise ops and reductions (the op tables)
 
 __all__ += [  # streams, events, CUDA graphs
     "CUDAGraph",

@@ -244,6 +244,7 @@ def min(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceA
 def argmax(a: DeviceArray, axis: _Axis = None, keepdims: bool = False, out: DeviceArray | None = None) -> DeviceArray: ...
 def softmax(a: DeviceArray, axis: SupportsIndex = -1, out: DeviceArray | None = None) -> DeviceArray: ...
 def log_softmax(a: DeviceArray, axis: SupportsIndex = -1, out: DeviceArray | None = None) -> DeviceArray: ...
+_REDUCTIONS: tuple[str, ...]  # the reduction table's functions, in its order
 
 # ---- element-wise ops (the table cuda/ops/elementwise_ops.h; csrc/ops/elementwise.c) -----
 # Operands: DeviceArray or real scalars (Python scalars are weak, NEP 50);
@@ -286,7 +287,7 @@ def relu_grad(grad: _Operand, x: _Operand, out: DeviceArray | None = None) -> De
 def gelu_grad(
     grad: _Operand, x: _Operand, approximate: str = "none", out: DeviceArray | None = None
 ) -> DeviceArray: ...  # grad * d/dx gelu(x)
-def _elementwise_functions() -> tuple[str, ...]: ...
+_ELEMENTWISE_OPS: tuple[str, ...]  # the op table's functions, in its order
 def _elementwise_result_type(func: str, *operands: object) -> np.dtype: ...
 
 # ---- nn losses (csrc/ops/loss.c, cuda/ops/cross_entropy.cu) ------------------------------

@@ -17,13 +17,21 @@ What is recorded
 Inside ``profile()`` every cudalab op leaves one :class:`ProfilerEvent`: its
 name, array operands' shapes, the dtype it works in, device, stream, thread,
 host start and end, GPU start and duration, and the bytes it moves and FLOPs it
-performs where those are known. The ops (names as recorded):
+performs where those are known. The ops (names as recorded; :data:`OP_CATEGORIES`
+and :func:`op_category` file them by kind):
 
-* element-wise: ``add sub mul div maximum minimum axpy neg abs exp log sqrt
-  tanh sigmoid relu gelu``, also when reached through an operator (``a + b``
-  and ``a += b`` are ``add``);
-* reductions: ``sum mean max min argmax``; ``matmul`` (also ``a @ b``);
-  ``transpose``; ``random.normal random.uniform random.integers``;
+* element-wise: every function of the op table, :data:`ELEMENTWISE_OPS`
+  (``add``, ``exp``, ``gelu``, ...), also when reached through an operator
+  (``a + b`` and ``a += b`` are ``add``);
+* reductions: every one of the reduction table and softmax,
+  :data:`REDUCTION_OPS` (``sum``, ``argmax``, ``log_softmax``, ...);
+* ``matmul`` (also ``a @ b``); ``transpose``; ``random.normal random.uniform
+  random.integers``;
+* cudalab.nn's ops, under their public names: ``linear`` (the forward GEMM of
+  nn.Linear / nn.functional.linear), ``linear_backward_input`` and
+  ``linear_backward_weight`` (its backward GEMMs), ``cross_entropy``, the
+  optimizer steps ``adamw`` and ``sgd``, and GradScaler's ``unscale`` and
+  ``update_scale``;
 * copies: ``copy astype ascontiguousarray``, ``reshape`` when it must copy,
   ``asarray`` (host to device, or a device array to another dtype), ``get``
   (device to host, also through ``asnumpy``), ``__dlpack__`` with a copy;
@@ -96,12 +104,16 @@ from typing import Any, Optional, TypeVar, Union, overload
 from . import _core
 
 __all__ = [
+    "ELEMENTWISE_OPS",
+    "OP_CATEGORIES",
+    "REDUCTION_OPS",
     "SORT_KEYS",
     "KeyAverage",
     "KeyAverages",
     "Profile",
     "ProfilerEvent",
     "chrome_trace",
+    "op_category",
     "profile",
     "record_function",
 ]
@@ -115,6 +127,29 @@ SORT_KEYS = (
     "calls",
     "name",
 )
+
+# The op names as recorded, by kind. The element-wise ops and the reductions are the
+# op tables' (cuda/ops/elementwise_ops.h and reduce_ops.h), read from the extension:
+# a new table op is filed here with no edit.
+ELEMENTWISE_OPS: tuple[str, ...] = _core._ELEMENTWISE_OPS
+REDUCTION_OPS: tuple[str, ...] = _core._REDUCTIONS + ("softmax", "log_softmax")
+OP_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "gemm": ("matmul", "linear", "linear_backward_input", "linear_backward_weight"),
+    "loss": ("cross_entropy",),
+    "optimizer": ("adamw", "sgd", "unscale", "update_scale"),
+    "cast": ("copyto", "astype", "copy", "ascontiguousarray"),
+    "element-wise": ELEMENTWISE_OPS,
+    "reduction": REDUCTION_OPS,
+}
+
+
+def op_category(name: str) -> str:
+    """The key of :data:`OP_CATEGORIES` that holds op `name`, else ``"other"``."""
+    for category, names in OP_CATEGORIES.items():
+        if name in names:
+            return category
+    return "other"
+
 
 # Chrome-trace process ids of the GPUs: far above any Linux pid (at most 2**22).
 _GPU_PID_BASE = 1 << 30

@@ -31,21 +31,21 @@ from cudalab.nn import reference
 
 from ..bench import Measurement
 from ..devices import get_device_properties
+from ..profiler import OP_CATEGORIES
 from ..nn import torch_twin as TT
 from . import training as T
 from ._measuring import rel_error
 from . import _params as P
 from .registry import LessonRun, lesson
 
-# Op names as the profiler records them, by kind. The nn ops are private entry points
-# (cudalab.nn's layers, loss and optimizers call them); element-wise ops are the op table's.
-GEMM_OPS = frozenset({"_nn_linear", "_nn_linear_backward_input", "_nn_linear_backward_weight",
-                      "matmul"})
-LOSS_OPS = frozenset({"_nn_cross_entropy"})
-OPTIMIZER_OPS = frozenset({"_nn_adamw_", "_nn_sgd_", "_nn_unscale_", "_nn_update_scale_"})
-REDUCTION_OPS = frozenset({"sum", "mean", "max", "min", "argmax", "softmax", "log_softmax"})
+# Op names as the profiler records them, by kind (cudalab.profiler.OP_CATEGORIES: the nn
+# ops under their public names, the op tables' element-wise ops and reductions).
+GEMM_OPS = frozenset(OP_CATEGORIES["gemm"])
+LOSS_OPS = frozenset(OP_CATEGORIES["loss"])
+OPTIMIZER_OPS = frozenset(OP_CATEGORIES["optimizer"])
+REDUCTION_OPS = frozenset(OP_CATEGORIES["reduction"])
 # Copies, with or without a change of dtype (cudalab.nn casts through copyto).
-CAST_OPS = frozenset({"copyto", "astype", "copy", "ascontiguousarray"})
+CAST_OPS = frozenset(OP_CATEGORIES["cast"])
 CATEGORIES = ("gemm", "loss", "optimizer", "cast", "element-wise", "reduction", "other")
 # The hold's spin kernel: the profiler records it like any op, but it is not part of the step.
 HOLD_OP = "_spin"
@@ -422,7 +422,7 @@ def run(r: LessonRun) -> None:
                   description=f"one {precision} training step (CUDA events)")
     prof, event_step = _profile(r, training.step, m.host_time)
 
-    elementwise = frozenset(cudalab._core._elementwise_functions())
+    elementwise = frozenset(OP_CATEGORIES["element-wise"])
     table = [k for k in prof.key_averages().sorted("gpu_time_total")
              if k.kind == "op" and k.gpu_time_total_ns and k.name != HOLD_OP]
     total_ns = sum(k.gpu_time_total_ns for k in table)
