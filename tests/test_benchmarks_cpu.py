@@ -152,7 +152,13 @@ def test_format_rows_with_and_without_optional_keys(benchlib):
 def test_committed_results_read_back(path):
     from cudalab.bench import RESULTS_SCHEMA, read_results
 
-    if json.loads(path.read_text()).get("schema") != RESULTS_SCHEMA:
+    data = json.loads(path.read_text())
+    if data.get("schema") == "cudalab.sanitizer/1":  # scripts/sanitize_summary.py's own file
+        assert data["runs"] and all(
+            {"tool", "part", "pass", "errors", "seconds", "commit", "command"} <= set(run)
+            for run in data["runs"].values())
+        return
+    if data.get("schema") != RESULTS_SCHEMA:
         pytest.skip(f"{path.name} predates {RESULTS_SCHEMA}; regenerate it on a GPU")
     results = read_results(path)
     assert results.kind and results.machine["devices"]

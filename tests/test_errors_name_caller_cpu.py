@@ -155,3 +155,14 @@ def test_cli_results_refuses_unknown_lessons_and_missing_files(tmp_path, capsys)
     assert "no committed results for lesson 'dtypes'" in capsys.readouterr().err
     assert cli.main(["results", "--dir", str(tmp_path / "missing")]) == 1
     assert "not in the installed package" in capsys.readouterr().err
+
+
+def test_a_regular_install_finds_the_clone_it_runs_in(tmp_path, monkeypatch):
+    # Installed (not editable), the module sits in site-packages: the checkout is then the
+    # current directory or one above it, as when `python -m pytest` runs in a clone.
+    site = tmp_path / "venv" / "lib" / "site-packages" / "cudalab" / "cli" / "results.py"
+    monkeypatch.setattr(cli_results, "__file__", str(site))
+    monkeypatch.chdir(REPO_ROOT / "docs")
+    assert cli_results.repository_root() == REPO_ROOT.resolve()
+    monkeypatch.chdir(tmp_path)
+    assert cli_results.repository_root() is None

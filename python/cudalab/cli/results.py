@@ -6,8 +6,9 @@ with a Markdown report ``.md`` beside it; multi-GPU runs in
 ``multi_gpu_*.json``) and the executed notebooks (``notebooks/NN_name.ipynb``).
 This command prints those results, without a GPU. The files live in the
 repository, not in the installed package: from a source checkout (or an
-editable install) they are found next to ``python/``; elsewhere ``--dir``
-points at a copy.
+editable install) they are found next to ``python/``, from a regular install
+in the clone the current directory is in; elsewhere ``--dir`` points at a
+copy.
 """
 
 from __future__ import annotations
@@ -25,11 +26,20 @@ __all__ = ["add_parsers", "committed_results", "notebook_path", "repository_root
            "without_gpu_text"]
 
 
+def _is_checkout(root: Path) -> bool:
+    return (root / "benchmarks" / "results").is_dir() and (root / "python" / "cudalab").is_dir()
+
+
 def repository_root() -> Path | None:
-    """The source checkout cudalab runs from (where benchmarks/ and notebooks/ are), or None
-    for an installed package."""
-    root = Path(__file__).resolve().parents[3]  # cli/ -> cudalab/ -> python/ -> the checkout
-    return root if (root / "benchmarks" / "results").is_dir() else None
+    """The cudalab checkout (where benchmarks/ and notebooks/ are): the one cudalab runs from
+    (a source tree or an editable install), else the current directory or one above it (a
+    regular install used inside a clone); None when there is none."""
+    here = Path(__file__).resolve().parents[3]  # cli/ -> cudalab/ -> python/ -> the checkout
+    cwd = Path.cwd().resolve()
+    for root in (here, cwd, *cwd.parents):
+        if _is_checkout(root):
+            return root
+    return None
 
 
 def _default_dir() -> Path | None:
