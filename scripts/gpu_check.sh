@@ -7,6 +7,11 @@
 # Then runs the op, nn and models tests under compute-sanitizer's memcheck
 # (scripts/sanitize.sh; more than 5 minutes on an H200; GPU_CHECK_SANITIZE=0
 # skips it); the script fails if memcheck reports an error.
+# The tier no longer fits one 10-minute call of a lent GPU: CUDALAB_TEST_SHARD=k/n
+# runs the k-th of n parts (whole test files; see tests/conftest.py), and
+# GPU_CHECK_EARLIER_JUNIT="a.xml b.xml" adds earlier shards' JUnit files to the
+# summary, e.g. call 1: CUDALAB_TEST_SHARD=1/2 GPU_CHECK_SANITIZE=0 scripts/gpu_check.sh,
+# keep $OUT/junit.xml; call 2: CUDALAB_TEST_SHARD=2/2 GPU_CHECK_EARLIER_JUNIT=shard1.xml ...
 #
 # Usage: scripts/gpu_check.sh [extra pytest args]
 # Needs, in the environment of $PYTHON (checked first, exit 2 when missing):
@@ -142,14 +147,20 @@ cp "benchmarks/results/ceilings_${device_tag}.json" "$LOGS/" 2>/dev/null
 export CUDALAB_ALLOW_FEWER_GPUS=${CUDALAB_ALLOW_FEWER_GPUS:-1}
 echo "== tests (CUDALAB_REQUIRE_GPU=1, CUDALAB_ALLOW_FEWER_GPUS=$CUDALAB_ALLOW_FEWER_GPUS)"
 start=$(date +%s)
-CUDALAB_REQUIRE_GPU=1 "$PYTHON" -m pytest -p no:cacheprovider -q -rfEs \
+# --durations: the slowest tests, for whoever has to make the tier fit a call.
+CUDALAB_REQUIRE_GPU=1 "$PYTHON" -m pytest -p no:cacheprovider -q -rfEs --durations=25 \
   --junitxml="$LOGS/junit.xml" "$@" 2>&1 | tee "$LOGS/pytest.log"
 test_rc=${PIPESTATUS[0]}
 test_s=$(( $(date +%s) - start ))
 
-"$PYTHON" scripts/gpu_summary.py --junit "$LOGS/junit.xml" --build-seconds "$build_s" \
-  --test-seconds "$test_s" --command "scripts/gpu_check.sh${*:+ $*}" --outdir benchmarks/results \
-  --copy-to "$LOGS"
+# With CUDALAB_TEST_SHARD=k/n this call runs one shard; GPU_CHECK_EARLIER_JUNIT names the
+# JUnit files of the shards run before (carried over from earlier calls), so the
+# last call's summary counts the whole tier.
+# shellcheck disable=SC2086
+"$PYTHON" scripts/gpu_summary.py --junit "$LOGS/junit.xml" ${GPU_CHECK_EARLIER_JUNIT:-} \
+  --build-seconds "$build_s" --test-seconds "$test_s" \
+  --command "${CUDALAB_TEST_SHARD:+CUDALAB_TEST_SHARD=$CUDALAB_TEST_SHARD (and the earlier shards) }scripts/gpu_check.sh${*:+ $*}" \
+  --outdir benchmarks/results --copy-to "$LOGS"
 
 sanitize_rc=0
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then

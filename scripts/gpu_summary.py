@@ -29,6 +29,15 @@ def junit_counts(path: Path) -> dict[str, int]:
     return counts
 
 
+def total_counts(paths: list[Path]) -> dict[str, int]:
+    """junit_counts summed over several files (the shards of one run)."""
+    total: dict[str, int] = {}
+    for path in paths:
+        for key, value in junit_counts(path).items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
 def machine() -> dict:
     """machine_info(), with the driver release from nvidia-smi when NVML is not installed."""
     from cudalab.bench import machine_info
@@ -68,7 +77,9 @@ def readme_row(results: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--junit", type=Path, required=True)
+    parser.add_argument("--junit", type=Path, nargs="+", required=True,
+                        help="one JUnit file, or one per shard of a run split over calls "
+                             "(CUDALAB_TEST_SHARD): their counts are added")
     parser.add_argument("--build-seconds", type=float, default=None)
     parser.add_argument("--test-seconds", type=float, default=None)
     parser.add_argument("--command", default="scripts/gpu_check.sh")
@@ -79,7 +90,7 @@ def main() -> int:
     from cudalab.bench import write_results
 
     info = machine()
-    counts = junit_counts(args.junit)
+    counts = total_counts(args.junit)
     device = info["devices"][0]["name"] if info["devices"] else "no GPU"
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
     args.outdir.mkdir(parents=True, exist_ok=True)

@@ -934,3 +934,30 @@ def max_rel_err(got, want) -> float:
     diff = float(np.abs(got - want).max(initial=0.0))
     scale = float(np.abs(want).max(initial=0.0))
     return diff / scale if scale > 0 else diff
+
+
+# ---- sharding the suite over several calls (CUDALAB_TEST_SHARD=k/n) ---------------------------
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """'k/n' -> (k, n) with 1 <= k <= n; ValueError otherwise."""
+    try:
+        k, n = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"CUDALAB_TEST_SHARD must look like 'k/n', got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"CUDALAB_TEST_SHARD {spec!r}: need 1 <= k <= n")
+    return k, n
+
+
+def shard_of_files(counts: dict[str, int], n: int) -> dict[str, int]:
+    """Whole test files to n shards (1..n) of about equal test counts: the largest file
+    first, each to the shard with the fewest tests so far (ties: the lowest shard, then file
+    name), so every machine computes the same split from the same collection."""
+    totals = [0] * n
+    shard = {}
+    for name in sorted(counts, key=lambda f: (-counts[f], f)):
+        k = min(range(n), key=lambda i: (totals[i], i))
+        shard[name] = k + 1
+        totals[k] += counts[name]
+    return shard

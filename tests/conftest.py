@@ -12,6 +12,10 @@
 * ``restore_padding``: the matmul padding mode is put back afterwards.
 * ``no_profile_left_running``: no profile keeps recording after the test
   (modules use it with ``pytest.mark.usefixtures``).
+* ``CUDALAB_TEST_SHARD=k/n`` runs only the k-th of n parts of the suite (whole
+  test files, about equal test counts): a GPU machine lent for a few minutes at a
+  time runs the tier in n calls (scripts/gpu_check.sh; gpu_summary.py adds up
+  their JUnit files).
 
 Helpers that are not fixtures (random arrays, strided views, tolerances,
 argument-error assertions, skips) live in ``_support.py``.
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 
 import numpy as np
 import pytest
 
 import cudalab
+from _support import parse_shard, shard_of_files
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -40,6 +46,23 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
         from cudalab import pytest_plugin
 
         pluginmanager.register(pytest_plugin, "cudalab")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    spec = os.environ.get("CUDALAB_TEST_SHARD", "").strip()
+    if not spec:
+        return
+    k, n = parse_shard(spec)
+    counts: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        counts[path] = counts.get(path, 0) + 1
+    shard = shard_of_files(counts, n)
+    keep, drop = [], []
+    for item in items:
+        (keep if shard[item.nodeid.split("::")[0]] == k else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def _seed_from_nodeid(nodeid: str) -> int:

@@ -46,3 +46,12 @@ def test_readme_lessons_table_matches_the_results_file(path):
     assert table in README.read_text(), (
         f"README's Lessons table differs from {path.name}; regenerate it with "
         f"python scripts/lessons_summary.py {path.relative_to(REPO_ROOT)}")
+
+
+def test_gpu_summary_adds_the_shards_junit_counts(tmp_path):
+    for name, (tests, failures, skipped) in {"a.xml": (10, 1, 2), "b.xml": (5, 0, 1)}.items():
+        (tmp_path / name).write_text(
+            f'<testsuites><testsuite tests="{tests}" failures="{failures}" errors="0" '
+            f'skipped="{skipped}"/></testsuites>')
+    total = gpu_summary.total_counts([tmp_path / "a.xml", tmp_path / "b.xml"])
+    assert total == {"tests": 15, "failures": 1, "errors": 0, "skipped": 3, "passed": 11}

@@ -507,3 +507,45 @@ def test_readme_blocks():
     assert "gpu_benchmark" in S.readme_plugin_example()
     assert S.REPO_ROOT / "README.md" == S.README
     assert any("GpuMonitor" in b for b in S.doc_python_blocks("measuring"))
+
+
+# ---- CUDALAB_TEST_SHARD ------------------------------------------------------------------------
+
+
+shard_of_files, parse_shard, REPO_ROOT = S.shard_of_files, S.parse_shard, S.REPO_ROOT
+
+
+def test_shards_split_whole_files_evenly_and_the_same_way_each_time():
+    counts = {"a.py": 50, "b.py": 40, "c.py": 30, "d.py": 20, "e.py": 10, "f.py": 10}
+    shard = shard_of_files(counts, 2)
+    assert shard == shard_of_files(dict(reversed(counts.items())), 2)
+    totals = [sum(c for f, c in counts.items() if shard[f] == k) for k in (1, 2)]
+    assert sorted(totals) == [80, 80]
+    assert set(shard_of_files(counts, 1).values()) == {1}
+    assert set(shard_of_files(counts, 6).values()) == {1, 2, 3, 4, 5, 6}
+
+
+def test_parse_shard():
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("0/2", "3/2", "1", "a/b", "1/2/3"):
+        with pytest.raises(ValueError, match="CUDALAB_TEST_SHARD"):
+            parse_shard(bad)
+
+
+def test_the_shards_of_the_suite_cover_it_once(tmp_path):
+    """Two collections with CUDALAB_TEST_SHARD=1/2 and 2/2 list every test exactly once."""
+    import subprocess
+
+    def collect(spec):
+        env = {k: v for k, v in os.environ.items() if k != "CUDALAB_TEST_SHARD"}
+        if spec:
+            env["CUDALAB_TEST_SHARD"] = spec
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                              "-p", "no:cacheprovider", "tests/test_support_cpu.py",
+                              "tests/test_streams_cpu.py", "tests/test_sanitize_cpu.py"],
+                             cwd=REPO_ROOT, env=env, capture_output=True, text=True).stdout
+        return {line for line in out.splitlines() if "::" in line}
+
+    whole, first, second = collect(""), collect("1/2"), collect("2/2")
+    assert whole and first and second
+    assert first | second == whole and not first & second
