@@ -153,7 +153,7 @@ class _Stage:
         self.index, self.device = index, device
         self.layers = layers
         # twins[k]: the layers micro-batch k runs through (k = 0: the layers themselves).
-        self.twins = [layers] + [[layer._twin() for layer in layers] for _ in range(1, chunks)]
+        self.twins = [layers] + [[layer.twin() for layer in layers] for _ in range(1, chunks)]
         self.ctx = _device(device)
         with self.ctx:
             self.fwd_in = _core.Stream(device=device)   # receives activations
@@ -247,7 +247,7 @@ class Pipeline:
         for d, (start, stop) in zip(devices, self.bounds):
             for layer in mlp.layers[start:stop]:
                 layer.to(d)
-        mlp._activations_live = False
+        mlp.forget_activations()
         for a, b in zip(devices[:-1], devices[1:]):
             enable_peers(a, b)
         self.stages = [_Stage(s, d, mlp.layers[start:stop], chunks)
@@ -314,7 +314,7 @@ class Pipeline:
                     layer.cast_weights(prec)
                 for twins in st.twins[1:len(parts)]:
                     for twin, layer in zip(twins, st.layers):
-                        twin._share_cast(layer)
+                        twin.share_cast(layer)
         self.last_split = parts
         return prec, x0, parts
 

@@ -229,11 +229,12 @@ class Linear:
         self._w = self._b = None
         self.input = self.aux = None
 
-    def _twin(self) -> "Linear":
+    def twin(self) -> "Linear":
         """A Linear sharing this one's Parameters (master weights and grads) with
-        buffers of its own: one per micro-batch of a pipeline stage, so several
-        forwards can be live at once. Its weight casts are this layer's
-        (:meth:`_share_cast`); forward it with ``cast_weights=False``."""
+        buffers of its own: one per micro-batch of a pipeline stage
+        (cudalab.distributed.Pipeline), so several forwards can be live at once.
+        Its weight casts are this layer's (:meth:`share_cast`); forward it with
+        ``cast_weights=False``."""
         twin = object.__new__(Linear)
         twin.in_features, twin.out_features = self.in_features, self.out_features
         twin.activation, twin.seed = self.activation, self.seed
@@ -244,7 +245,7 @@ class Linear:
         twin._w = twin._b = None
         return twin
 
-    def _share_cast(self, source: "Linear") -> None:
+    def share_cast(self, source: "Linear") -> None:
         """Use `source`'s weight casts (same Parameters, cast by source.cast_weights)."""
         self._precision, self._w, self._b = source._precision, source._w, source._b
 
@@ -630,6 +631,12 @@ class MLP:
         # From here on the previous layers' outputs become gradients.
         self._activations_live = False
         backward_layers(self.layers, grad_logits, bool(accumulate), hook)
+
+    def forget_activations(self) -> None:
+        """Mark the last forward's activations as gone (their buffers were moved or
+        reused, as when a Pipeline spreads the layers over devices): a backward
+        then needs a forward first."""
+        self._activations_live = False
 
     def zero_grad(self) -> None:
         for p in self.parameters():
