@@ -479,3 +479,17 @@ def test_work_completion_and_synchronize():
     work.synchronize()
     assert ev.synchronized == 1 and work.is_completed() is True
     assert repr(work) == "<Work on device 0>"
+
+
+def test_ready_group_is_the_fast_paths_one_test(default_group):
+    """A collective calls its communicator directly only for a blocking call on a live
+    ProcessGroup with contiguous DeviceArrays; anything else takes the checked path."""
+    ready = group_module._ready_group
+    assert ready(None, False) is default_group
+    other = fake_group()
+    assert ready(other, False) is other
+    assert ready(None, True) is None and ready(None, 0) is None
+    assert ready("group", False) is None
+    assert ready(None, False, object()) is None  # not a DeviceArray: the checks say why
+    other._comm = None  # destroyed
+    assert ready(other, False) is None

@@ -234,6 +234,25 @@ _default: ProcessGroup | None = None
 _generation = 0  # init() calls in this process: keys of a torchrun store rendezvous
 
 
+# ---- the fast path: a blocking call on contiguous arrays of a live group -----------------
+
+
+def _ready_group(group: Any, async_op: Any, *arrays: Any) -> ProcessGroup | None:
+    """The group a collective may call its communicator on at once: a live
+    ProcessGroup (the default for None), async_op False and every array a
+    contiguous DeviceArray. None sends the call down its checked path, which
+    raises the errors, makes the Work and copies other layouts. Exact class
+    tests keep this path to a few attribute reads: a small message's
+    per-call cost is what lessons/allreduce measures."""
+    g = _default if group is None else group
+    if async_op is not False or g.__class__ is not ProcessGroup or g._comm is None:
+        return None
+    for a in arrays:
+        if a.__class__ is not DeviceArray or not a.is_contiguous:
+            return None
+    return g
+
+
 # ---- argument checks (the general path) -----------------------------------------------
 
 
@@ -362,14 +381,11 @@ def all_reduce(array: DeviceArray, op: Any = ReduceOp.SUM, *, group: ProcessGrou
     DistributedError
         No group, a destroyed or aborted one (the watchdog's error).
     """
-    g = _default if group is None else group
     code = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
-    if (code is not None and async_op is False and g.__class__ is ProcessGroup
-            and array.__class__ is DeviceArray and array.is_contiguous):
-        comm = g._comm
-        if comm is not None:
-            comm.all_reduce(array, array, code)
-            return None
+    g = _ready_group(group, async_op, array) if code is not None else None
+    if g is not None:
+        g._comm.all_reduce(array, array, code)
+        return None
     return _all_reduce(array, op, group, async_op)
 
 
@@ -408,13 +424,10 @@ def broadcast(array: DeviceArray, src: int = 0, *, group: ProcessGroup | None = 
     group, async_op
         As for :func:`all_reduce`.
     """
-    g = _default if group is None else group
-    if (async_op is False and g.__class__ is ProcessGroup and array.__class__ is DeviceArray
-            and src.__class__ is int and array.is_contiguous and 0 <= src < g.world_size):
-        comm = g._comm
-        if comm is not None:
-            comm.broadcast(array, array, src)
-            return None
+    g = _ready_group(group, async_op, array)
+    if g is not None and src.__class__ is int and 0 <= src < g.world_size:
+        g._comm.broadcast(array, array, src)
+        return None
     return _broadcast(array, src, group, async_op)
 
 
@@ -454,15 +467,11 @@ def reduce(array: DeviceArray, dst: int = 0, op: Any = ReduceOp.SUM, *,
     op, group, async_op
         As for :func:`all_reduce`.
     """
-    g = _default if group is None else group
     code = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
-    if (code is not None and async_op is False and g.__class__ is ProcessGroup
-            and array.__class__ is DeviceArray and dst.__class__ is int
-            and array.is_contiguous and 0 <= dst < g.world_size):
-        comm = g._comm
-        if comm is not None:
-            comm.reduce(array, array, code, dst)
-            return None
+    g = _ready_group(group, async_op, array) if code is not None else None
+    if g is not None and dst.__class__ is int and 0 <= dst < g.world_size:
+        g._comm.reduce(array, array, code, dst)
+        return None
     return _reduce(array, dst, op, group, async_op)
 
 
@@ -505,14 +514,10 @@ def all_gather(output: DeviceArray | Sequence[DeviceArray], input: DeviceArray, 
     group, async_op
         As for :func:`all_reduce`.
     """
-    g = _default if group is None else group
-    if (async_op is False and g.__class__ is ProcessGroup and output.__class__ is DeviceArray
-            and input.__class__ is DeviceArray and output.is_contiguous
-            and input.is_contiguous):
-        comm = g._comm
-        if comm is not None:
-            comm.all_gather(input, output)
-            return None
+    g = _ready_group(group, async_op, output, input)
+    if g is not None:
+        g._comm.all_gather(input, output)
+        return None
     return _all_gather(output, input, group, async_op)
 
 
@@ -564,15 +569,11 @@ def reduce_scatter(output: DeviceArray, input: DeviceArray | Sequence[DeviceArra
     op, group, async_op
         As for :func:`all_reduce`.
     """
-    g = _default if group is None else group
     code = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
-    if (code is not None and async_op is False and g.__class__ is ProcessGroup
-            and output.__class__ is DeviceArray and input.__class__ is DeviceArray
-            and output.is_contiguous and input.is_contiguous):
-        comm = g._comm
-        if comm is not None:
-            comm.reduce_scatter(input, output, code)
-            return None
+    g = _ready_group(group, async_op, output, input) if code is not None else None
+    if g is not None:
+        g._comm.reduce_scatter(input, output, code)
+        return None
     return _reduce_scatter(output, input, op, group, async_op)
 
 
@@ -622,14 +623,10 @@ def all_to_all(output: DeviceArray, input: DeviceArray, *, group: ProcessGroup |
     group, async_op
         As for :func:`all_reduce`.
     """
-    g = _default if group is None else group
-    if (async_op is False and g.__class__ is ProcessGroup and output.__class__ is DeviceArray
-            and input.__class__ is DeviceArray and output.is_contiguous
-            and input.is_contiguous):
-        comm = g._comm
-        if comm is not None:
-            comm.all_to_all(input, output)
-            return None
+    g = _ready_group(group, async_op, output, input)
+    if g is not None:
+        g._comm.all_to_all(input, output)
+        return None
     return _all_to_all(output, input, group, async_op)
 
 
@@ -662,13 +659,10 @@ def send(array: DeviceArray, dst: int, *, group: ProcessGroup | None = None) -> 
     both send and receive, order the calls so one sends first while the
     other receives first.
     """
-    g = _default if group is None else group
-    if (g.__class__ is ProcessGroup and array.__class__ is DeviceArray
-            and dst.__class__ is int and array.is_contiguous):
-        comm = g._comm
-        if comm is not None and 0 <= dst < g.world_size and dst != g.rank:
-            comm.send(array, dst)
-            return None
+    g = _ready_group(group, False, array)
+    if g is not None and dst.__class__ is int and 0 <= dst < g.world_size and dst != g.rank:
+        g._comm.send(array, dst)
+        return None
     func = "send"
     g = _group(group, func)
     dst = _rank_arg(dst, func, "dst", g, not_self=True)
@@ -682,13 +676,10 @@ def recv(array: DeviceArray, src: int, *, group: ProcessGroup | None = None) -> 
 
     Receive into `array` what rank `src` sends, on the current stream.
     """
-    g = _default if group is None else group
-    if (g.__class__ is ProcessGroup and array.__class__ is DeviceArray
-            and src.__class__ is int and array.is_contiguous):
-        comm = g._comm
-        if comm is not None and 0 <= src < g.world_size and src != g.rank:
-            comm.recv(array, src)
-            return None
+    g = _ready_group(group, False, array)
+    if g is not None and src.__class__ is int and 0 <= src < g.world_size and src != g.rank:
+        g._comm.recv(array, src)
+        return None
     func = "recv"
     g = _group(group, func)
     src = _rank_arg(src, func, "src", g, not_self=True)
