@@ -112,10 +112,10 @@ for f in tests/*_gpu.py; do
 done
 [ -x "$SANITIZER" ] || { echo "compute-sanitizer not found (set COMPUTE_SANITIZER)" >&2; exit 2; }
 
-deliberate_ids() {  # the deliberate node ids whose file is in part $1
-  local entry
-  for entry in "${DELIBERATE_API_ERRORS[@]}"; do
-    case " ${PART_FILES[$1]} " in *" ${entry%%::*} "*) echo "$entry" ;; esac
+ids_in_part() {  # ids_in_part PART ID...: the node ids whose test file is in PART
+  local part=$1 id; shift
+  for id in "$@"; do
+    case " ${PART_FILES[$part]} " in *" ${id%%::*} "*) echo "$id" ;; esac
   done
 }
 
@@ -151,25 +151,20 @@ case " $TOOLS " in
 esac
 
 for tool in $TOOLS; do
-  opts=""
+  left_out=("${SANITIZER_TIMING[@]}")
+  [ "$tool" = memcheck ] && left_out+=("${MEMCHECK_MISJUDGED[@]}")
   for part in $PARTS; do
     echo "== $tool / $part"
     # shellcheck disable=SC2206
     files=(${PART_FILES[$part]})
-    mapfile -t special < <(deliberate_ids "$part")
+    mapfile -t special < <(ids_in_part "$part" "${DELIBERATE_API_ERRORS[@]}")
     deselect=()
-    for id in "${special[@]}"; do deselect+=(--deselect "$id"); done
-    for id in "${SANITIZER_TIMING[@]}"; do
-      case " ${PART_FILES[$part]} " in *" ${id%%::*} "*) deselect+=(--deselect "$id") ;; esac
-    done
-    if [ "$tool" = memcheck ]; then
-      for id in "${MEMCHECK_MISJUDGED[@]}"; do
-        case " ${PART_FILES[$part]} " in *" ${id%%::*} "*) deselect+=(--deselect "$id") ;; esac
-      done
-    fi
-    run_pass "$tool" "$part" main "$opts" "${files[@]}" "${deselect[@]}" "$@"
+    while IFS= read -r id; do
+      [ -n "$id" ] && deselect+=(--deselect "$id")
+    done < <(ids_in_part "$part" "${special[@]}" "${left_out[@]}")
+    run_pass "$tool" "$part" main "" "${files[@]}" "${deselect[@]}" "$@"
     if [ ${#special[@]} -gt 0 ]; then
-      run_pass "$tool" "$part" deliberate "$opts --report-api-errors no" "${special[@]}" "$@"
+      run_pass "$tool" "$part" deliberate "--report-api-errors no" "${special[@]}" "$@"
     fi
   done
 done
