@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import re
@@ -46,6 +47,7 @@ REPORT = re.compile(
 WHERE = re.compile(r"^=+\s+at (?:0x[0-9a-f]+ in )?([^\n]+)$", re.M)
 
 
+@functools.lru_cache(maxsize=None)
 def device_tag() -> str:
     """The device's name with underscores (SANITIZE_DEVICE overrides: for `table` off the GPU)."""
     if os.environ.get("SANITIZE_DEVICE"):

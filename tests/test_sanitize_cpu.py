@@ -88,6 +88,7 @@ def test_deliberate_and_misjudged_tests_exist():
 
 def test_record_and_table_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("SANITIZE_DEVICE", "Test GPU")
+    summary.device_tag.cache_clear()  # read once per process: this test sets it
     monkeypatch.setenv("SANITIZE_COMMIT", "abc1234")
     monkeypatch.setattr(summary, "RESULTS", tmp_path / "results")
     (tmp_path / "memcheck_ops_main.5.log").write_text(MEMCHECK_LOG)

@@ -19,9 +19,10 @@ try:
 except ImportError as _error:
     from ._import_hint import import_hint as _import_hint
 
-    if _import_hint(_error) is None:
+    _hint = _import_hint(_error)
+    if _hint is None:
         raise
-    raise ImportError(_import_hint(_error)) from _error
+    raise ImportError(_hint) from _error
 from ._core import (
     MAX_NDIM,
     CublasError,
