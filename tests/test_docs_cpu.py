@@ -80,7 +80,7 @@ IN_TESTS = {
 
 # Commands no test runs, and why.
 NOT_RUN = {
-    "pip install \".[notebooks]\"":
+    "python -m pip install \".[notebooks]\"":
         "installs JupyterLab and its dependencies from the network; tests/test_notebooks_gpu.py "
         "executes every notebook where nbclient is installed",
     "jupyter lab notebooks/": "starts an interactive server",
