@@ -671,7 +671,7 @@ def test_profiler_record(rng, warm):
     with profile() as prof:
         y = linear(dx, dw, db, activation="relu")
     (e,) = [e for e in prof.events() if e.kind == "op"]
-    assert e.name == "_nn_linear" and e.dtype == "float16"
+    assert e.name == "linear" and e.dtype == "float16"
     assert e.flops == 2 * N * IN * OUT
     assert e.bytes == dx.nbytes + dw.nbytes + y.nbytes + db.nbytes
     assert e.output_shape == (N, OUT)

@@ -131,7 +131,10 @@ create_event(cl_state *st, int device, bool timing, bool blocking, EventObject *
     if (cl_device_enter(st, device, &previous) < 0) {
         return -1;
     }
-    cudaError_t err = cudaEventCreateWithFlags(&ev, flags);
+    /* Without the GIL: the driver may hold this call while another thread's pageable
+       copy waits for its stream, and Python must run meanwhile. */
+    cudaError_t err;
+    CL_WITHOUT_GIL(err = cudaEventCreateWithFlags(&ev, flags));
     cl_device_exit(device, previous);
     CL_CUDA_CHECK(st, err);
     EventObject *e = PyObject_New(EventObject, st->Event_Type);
@@ -432,7 +435,8 @@ event_record(cl_state *st, EventObject *e, cudaStream_t stream, int device)
     if (cl_device_enter(st, device, &previous) < 0) {
         return -1;
     }
-    cudaError_t err = cudaEventRecord(e->handle, stream);
+    cudaError_t err;
+    CL_WITHOUT_GIL(err = cudaEventRecord(e->handle, stream));  /* may wait: see create_event */
     cl_device_exit(device, previous);
     CL_CUDA_CHECK(st, err);
     e->recorded = true;
