@@ -290,6 +290,13 @@ class Linear:
             False reuses the weight copies of the last cast (same precision).
         """
         prec = get_precision(precision, "forward")
+        return self._forward(x, prec, cast_weights, self._buffers)
+
+    def _forward(self, x: Any, prec: Precision, cast_weights: bool,
+                 store: Any) -> _core.DeviceArray:
+        """forward() on the current device, its output and aux taken from `store`
+        (``get(name, shape, dtype)``: the layer's own buffers, or the shared ones of
+        a checkpointed MLP's segment position)."""
         x = self._check_input(x)
         if cast_weights or self._precision is not prec or self._w is None:
             self.cast_weights(prec)
@@ -299,13 +306,13 @@ class Linear:
             _core.copyto(xc, x)
             x = xc
         rows = x.shape[0]
-        y = self._buffers.get("output", (rows, self.out_features), dt)
+        y = store.get("output", (rows, self.out_features), dt)
         aux = None
         if self.activation == "gelu":  # rows of the pre-activation a multiple of 8 elements apart
-            aux = self._buffers.get("aux", (rows, _gelu_aux_row(self.out_features)), dt)
+            aux = store.get("aux", (rows, _gelu_aux_row(self.out_features)), dt)
             aux = aux[:, : self.out_features]
         elif self.activation == "relu":
-            aux = self._buffers.get("aux", (rows, _relu_mask_bytes(self.out_features)), U8)
+            aux = store.get("aux", (rows, _relu_mask_bytes(self.out_features)), U8)
         mp = prec.matmul_precision
         if self.activation == "gelu":
             self._gelu_forward(x, y, aux, mp)
@@ -469,7 +476,7 @@ class Linear:
 
 
 class MLP:
-    """MLP(sizes, activation='gelu', *, seed=0)
+    """MLP(sizes, activation='gelu', *, seed=0, checkpoint_segments=None)
 
     Linear layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with the
     activation after every layer but the last (the logits).
@@ -481,6 +488,10 @@ class MLP:
     activation : {'gelu', 'relu', None}, optional
     seed : int, optional
         Layer i is initialized from its own key derived from (seed, i).
+    checkpoint_segments : int or None, optional
+        Gradient checkpointing (activation recomputation) in that many
+        segments, as :meth:`checkpoint` sets it; None (the default) keeps
+        every layer's activations.
 
     Attributes
     ----------
@@ -488,10 +499,40 @@ class MLP:
     device : int
         The first layer's device: where the input goes, and where every layer
         is unless a :class:`~cudalab.distributed.Pipeline` spread them.
+    checkpoint_segments : int or None
+        See :meth:`checkpoint`.
+
+    Notes
+    -----
+    Gradient checkpointing, ``checkpoint(k)``: the layers are split into k
+    contiguous segments (:func:`segment_bounds`: sizes differ by at most one,
+    the larger ones last). The forward keeps each segment's *checkpoint*, the
+    output and activation aux of its last layer (the next segment's input and
+    what its backward's fused activation derivative reads); the layers inside
+    a segment write their outputs and aux into one set of buffers shared by
+    all segments (position j of every segment uses the same buffers, sized for
+    the largest layer there). The backward recomputes a segment's inner layers
+    from its input (same GEMMs, same precision, the same weight casts) just
+    before running that segment's backward; the last segment is not
+    recomputed (its activations are still in the shared buffers), as
+    ``torch.utils.checkpoint.checkpoint_sequential`` runs its last segment
+    without checkpointing.
+
+    So the activations alive at once are k checkpoints plus one segment's
+    inner layers instead of every layer's: about ``k + n / k`` layers' worth
+    for n layers, smallest near ``k = sqrt(n)``; ``k = 1`` and ``k = n`` keep
+    as much as no checkpointing. The price is one more forward GEMM for each
+    recomputed layer (the inner layers of every segment but the last).
+
+    The recomputation is deterministic (the same GEMMs on the same inputs), so
+    the gradients equal those of the plain step bitwise. A step still makes no
+    allocation once a step of the same batch shape and precision has run (the
+    shared buffers are sized before each forward and reused), so a
+    checkpointed step can be captured in a CUDA graph (``Trainer(graph=True)``).
     """
 
     def __init__(self, sizes: Sequence[int], activation: Optional[str] = "gelu", *,
-                 seed: int = 0) -> None:
+                 seed: int = 0, checkpoint_segments: Optional[int] = None) -> None:
         if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__"):
             raise arg_error(TypeError, "MLP", "sizes",
                             f"expected a sequence of ints, got {type(sizes).__name__}")
@@ -514,6 +555,57 @@ class MLP:
                 p.name = f"{i}.{p.name}"  # torch.nn.Sequential's names
         # The backward overwrites the activations it reads: one backward per forward.
         self._activations_live = False
+        self._segments: Optional[list[tuple[int, int]]] = None
+        self._shared: list[SharedActivations] = []
+        self._set_checkpoint(checkpoint_segments, "MLP", "checkpoint_segments")
+
+    @property
+    def checkpoint_segments(self) -> Optional[int]:
+        """The number of checkpointed segments, or None (no checkpointing)."""
+        return None if self._segments is None else len(self._segments)
+
+    def checkpoint(self, segments: Optional[int]) -> "MLP":
+        """checkpoint(segments) -> MLP
+
+        Turn gradient checkpointing on in `segments` segments, or off (None);
+        see the class notes for what is kept and what is recomputed.
+
+        Every layer's activation buffers and weight casts are dropped (the
+        next forward allocates what the new layout needs), and so is the last
+        forward's state: run a forward before the next backward.
+
+        Parameters
+        ----------
+        segments : int or None
+            In [1, number of layers]. 1 and the number of layers keep as much
+            as no checkpointing (one segment is never recomputed; segments of
+            one layer have no inner layers); about ``sqrt(number of layers)``
+            keeps least.
+
+        Returns
+        -------
+        MLP
+            self.
+        """
+        return self._set_checkpoint(segments, "checkpoint", "segments")
+
+    def _set_checkpoint(self, segments: Optional[int], func: str, param: str) -> "MLP":
+        n = len(self.layers)
+        if segments is not None:
+            segments = check_int(segments, func, param)
+            if segments > n:
+                raise arg_error(ValueError, func, param,
+                                f"must be in [1, {n}] (the number of layers), got {segments}")
+        for layer in self.layers:
+            layer._reset()  # frees the activations of layers that now share buffers
+        self._activations_live = False
+        if segments is None:
+            self._segments, self._shared = None, []
+            return self
+        self._segments = segment_bounds(n, segments)
+        inner = max(b - a for a, b in self._segments) - 1
+        self._shared = [SharedActivations() for _ in range(inner)]
+        return self
 
     def parameters(self) -> list[Parameter]:
         """Every Parameter, layer by layer (weight, then bias), as torch orders them."""
@@ -548,6 +640,8 @@ class MLP:
         if any(layer.device != dev for layer in self.layers):
             for layer in self.layers:
                 layer.to(dev)
+            for shared in self._shared:
+                shared.clear()
             self._activations_live = False  # the last forward's state went with the buffers
         return self
 
@@ -578,11 +672,53 @@ class MLP:
             cast once per optimizer step).
         """
         prec = get_precision(precision, "forward")
-        h = x
-        for layer in self.layers:
-            h = layer.forward(h, prec, cast_weights=cast_weights)
+        if self._segments is None:
+            h = x
+            for layer in self.layers:
+                h = layer.forward(h, prec, cast_weights=cast_weights)
+        else:
+            h = self._checkpointed_forward(x, prec, cast_weights)
         self._activations_live = True
         return h
+
+    def _checkpointed_forward(self, x: Any, prec: Precision,
+                              cast_weights: bool) -> _core.DeviceArray:
+        """The forward with checkpoints: each segment's last layer writes into its own
+        buffers (kept until the backward), the layers inside a segment into the
+        shared ones (overwritten by the next segment)."""
+        x = self.layers[0]._check_input(x)
+        self._size_shared(x.shape[0], prec)
+        h = x
+        for a, b in self._segments:
+            for i in range(a, b):
+                store = self.layers[i]._buffers if i == b - 1 else self._shared[i - a]
+                h = self.layers[i]._forward(h, prec, cast_weights, store)
+        return h
+
+    def _size_shared(self, rows: int, prec: Precision) -> None:
+        """Size every shared buffer for the largest layer at its position (before the
+        forward, so that no view of an earlier layer points at a buffer replaced since)."""
+        need: list[dict[str, tuple[int, Any]]] = [{} for _ in self._shared]
+        dt = prec.compute_dtype
+        for a, b in self._segments:
+            for i in range(a, b - 1):
+                for name, (elements, dtype) in activation_elements(
+                        self.layers[i].out_features, rows, dt, self.layers[i].activation).items():
+                    have = need[i - a].get(name, (0, dtype))[0]
+                    need[i - a][name] = (max(have, elements), dtype)
+        for shared, names in zip(self._shared, need):
+            for name, (elements, dtype) in names.items():
+                shared.reserve(name, elements, dtype)
+
+    def _recompute(self, a: int, b: int) -> None:
+        """Run segment [a, b)'s inner layers again from its input, into the shared
+        buffers: the values the plain forward kept, bit for bit (same GEMMs, inputs,
+        weight casts, and the GELU form nn.fusion chose for the forward)."""
+        prec = self.layers[a]._precision
+        h = self.layers[a].input  # the previous checkpoint (or the batch): not yet a gradient
+        for i in range(a, b - 1):
+            h = self.layers[i]._forward(h, prec, False, self._shared[i - a])
+        self.layers[b - 1].input = h  # the same buffer as the forward's: sized beforehand
 
     __call__ = forward
 
@@ -630,7 +766,24 @@ class MLP:
         self.layers[-1]._check_grad(grad_logits)
         # From here on the previous layers' outputs become gradients.
         self._activations_live = False
-        backward_layers(self.layers, grad_logits, bool(accumulate), hook)
+        # getattr: MLP.backward is also called on MLP-shaped objects that never checkpoint.
+        segments = getattr(self, "_segments", None)
+        if segments is None:
+            backward_layers(self.layers, grad_logits, bool(accumulate), hook)
+            return
+        # Last segment first. Its inner activations are still in the shared buffers;
+        # every other segment's are recomputed into them from its input (the previous
+        # segment's checkpoint) just before its backward. At the peak the live
+        # activation buffers are: every segment's checkpoint (output and aux of its
+        # last layer; the later ones already hold gradients) and the shared buffers
+        # of one segment, never all the layers' activations.
+        g: Optional[_core.DeviceArray] = grad_logits
+        last = len(segments) - 1
+        for s in range(last, -1, -1):
+            a, b = segments[s]
+            if s < last:
+                self._recompute(a, b)
+            g = backward_layers_from(self.layers, a, b, g, bool(accumulate), hook)
 
     def forget_activations(self) -> None:
         """Mark the last forward's activations as gone (their buffers were moved or
@@ -644,6 +797,24 @@ class MLP:
 
     def __repr__(self) -> str:
         return f"MLP(sizes={list(self.sizes)}, activation={self.activation!r})"
+
+
+def backward_layers_from(layers: Sequence[Linear], a: int, b: int, grad: _core.DeviceArray,
+                         accumulate: bool, hook: Optional[Callable[[int], Any]] = None
+                         ) -> Optional[_core.DeviceArray]:
+    """The backward of layers[a:b] of an MLP, last to first, with the same calls as
+    backward_layers makes for them: layer a's input gradient fuses layer a-1's
+    activation derivative and overwrites its output (the gradient layer a-1's
+    backward takes, returned); layer 0 computes no input gradient (None)."""
+    g: Optional[_core.DeviceArray] = grad
+    for i in range(b - 1, a - 1, -1):
+        layer = layers[i]
+        if i == 0:
+            layer._backward(g, accumulate, False, None, None, None, hook, 0)
+            return None
+        prev = layers[i - 1]
+        g = layer._backward(g, accumulate, True, prev.activation, prev.aux, layer.input, hook, i)
+    return g
 
 
 def backward_layers(layers: Sequence[Linear], grad: _core.DeviceArray, accumulate: bool,
@@ -669,3 +840,108 @@ def backward_layers(layers: Sequence[Linear], grad: _core.DeviceArray, accumulat
         g = layer._backward(g, accumulate, True, prev.activation, prev.aux, layer.input, hook, i)
     return layers[0]._backward(g, accumulate, input_grad_out is not None, None, None,
                                input_grad_out, hook, 0)
+
+
+def segment_bounds(layers: int, segments: int) -> list[tuple[int, int]]:
+    """segment_bounds(layers, segments) -> list of (start, stop)
+
+    The contiguous layer ranges of a checkpointed MLP: `segments` of them
+    (1 <= segments <= layers), sizes differing by at most one, the larger ones
+    last (the last segment is never recomputed, so that costs least).
+    Public within cudalab (the checkpointing lesson), not nn's API (__all__).
+    """
+    if not 1 <= segments <= layers:
+        raise ValueError(f"{segments} segments of {layers} layers: need 1 <= segments <= layers")
+    size, extra = divmod(layers, segments)
+    bounds, start = [], 0
+    for s in range(segments):
+        stop = start + size + (1 if s >= segments - extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def activation_elements(features: int, rows: int, dtype: Any,
+                        activation: Optional[str]) -> dict[str, tuple[int, Any]]:
+    """The elements and dtype of the buffers a Linear's forward writes for the
+    backward, by name: its output and (with an activation) its aux."""
+    out = {"output": (rows * features, np.dtype(dtype))}
+    if activation == "gelu":
+        out["aux"] = (rows * _gelu_aux_row(features), np.dtype(dtype))
+    elif activation == "relu":
+        out["aux"] = (rows * _relu_mask_bytes(features), U8)
+    return out
+
+
+def activation_bytes(sizes: Sequence[int], rows: int, dtype: Any, activation: Optional[str],
+                     segments: Optional[int] = None) -> int:
+    """activation_bytes(sizes, rows, dtype, activation, segments=None) -> int
+
+    The bytes of the activation buffers an MLP of `sizes` keeps for a batch of
+    `rows` in compute dtype `dtype`: every layer's output and aux without
+    checkpointing; with `segments`, the checkpoints (each segment's last layer)
+    plus the shared buffers (at each position inside a segment, the largest
+    layer's). Does not count the batch itself, nor a cast copy of it.
+    Public within cudalab (the checkpointing lesson), not nn's API (__all__).
+    """
+    n = len(sizes) - 1
+    acts = [None if i == n - 1 else activation for i in range(n)]
+
+    def nbytes(i: int) -> int:
+        return sum(e * d.itemsize
+                   for e, d in activation_elements(sizes[i + 1], rows, dtype, acts[i]).values())
+
+    if segments is None:
+        return sum(nbytes(i) for i in range(n))
+    bounds = segment_bounds(n, segments)
+    kept = sum(nbytes(b - 1) for _, b in bounds)
+    shared = 0
+    for j in range(max(b - a for a, b in bounds) - 1):
+        # per buffer name the largest layer at position j (as MLP sizes them)
+        need: dict[str, int] = {}
+        for a, b in bounds:
+            if a + j < b - 1:
+                for name, (e, d) in activation_elements(sizes[a + j + 1], rows, dtype,
+                                                        acts[a + j]).items():
+                    need[name] = max(need.get(name, 0), e * d.itemsize)
+        shared += sum(need.values())
+    return kept + shared
+
+
+def recomputed_layers(layers: int, segments: Optional[int]) -> list[int]:
+    """The layers a checkpointed backward runs forward again: the inner layers
+    (all but the last) of every segment but the last one."""
+    if segments is None:
+        return []
+    bounds = segment_bounds(layers, segments)
+    return [i for a, b in bounds[:-1] for i in range(a, b - 1)]
+
+
+class SharedActivations:
+    """The output and aux buffers of one position inside a checkpointed MLP's
+    segments, shared by the layers at that position in every segment (only one
+    segment's inner activations exist at a time). Flat buffers sized by
+    ``reserve`` for the largest of those layers; ``get`` (Buffers' interface,
+    what Linear's forward asks) gives a C-contiguous view at their start.
+    Public within cudalab, not nn's API (__all__).
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[str, _core.DeviceArray] = {}
+
+    def reserve(self, name: str, elements: int, dtype: Any) -> None:
+        dtype = np.dtype(dtype)
+        a = self._flat.get(name)
+        if a is None or a.size != elements or a.dtype != dtype:
+            self._flat[name] = _core.empty((elements,), dtype=dtype)
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: Any) -> _core.DeviceArray:
+        a = self._flat[name]
+        n = math.prod(shape)
+        if a.dtype != np.dtype(dtype) or n > a.size:  # reserve() was not told of this layer
+            raise RuntimeError(f"shared activation buffer {name!r}: {a.size} {a.dtype} "
+                               f"reserved, {n} {np.dtype(dtype)} asked for")
+        return a[:n].reshape(shape)
+
+    def clear(self) -> None:
+        self._flat.clear()
