@@ -3,10 +3,12 @@
 Usage: python scripts/lessons_summary.py benchmarks/results/lessons_<device>.json
 
 Prints one Markdown row per lesson: its number and name, what it shows (its
-title), the tutorial's figure and the one measured here for the lesson's
-first claim, whether that claim held (and how many of the lesson's claims
-did), why, and how cudalab's timings compare with PyTorch's in the same run
-(`cudalab.lessons.versus`). README.md holds the table verbatim;
+title and first claim), what the tutorials claim and what the tutorial's own
+Tesla T4 run printed (`cudalab.lessons.tutorial_figures`; "-" where there is
+none: only the Colab notebook shows a run), the value measured here for the
+lesson's first claim, whether that claim held (and how many of the lesson's
+claims did), why, and how cudalab's timings compare with PyTorch's in the same
+run (`cudalab.lessons.versus`). README.md holds the table verbatim;
 tests/test_readme_results_cpu.py checks that it matches the committed file.
 """
 
@@ -16,10 +18,11 @@ import argparse
 import sys
 
 from cudalab.lessons import read_results
+from cudalab.lessons.tutorial_figures import figure
 from cudalab.lessons.versus import summary, versus_torch
 
-HEADER = ("| # | lesson | what it shows | tutorial (T4) | measured here | held | why "
-          "| cudalab vs PyTorch (same run) |\n|---|---|---|---|---|---|---|---|")
+HEADER = ("| # | lesson | what it shows | tutorial claims | tutorial's T4 run | measured here "
+          "| held | why | cudalab vs PyTorch (same run) |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def _number(value, unit) -> str:
@@ -33,6 +36,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def tutorial_cells(lesson: str) -> tuple[str, str]:
+    """The tutorial claims and the tutorial's T4 run for `lesson`; "-" for what is missing
+    (a lesson with no entry in cudalab.lessons.tutorial_figures has neither)."""
+    found = figure(lesson)
+    if found is None:
+        return "-", "-"
+    return found.claim_text(), found.t4_run or "-"
+
+
 def readme_row(result) -> str:
     """One lesson's row of the README table."""
     claims = result.claims
@@ -41,13 +53,13 @@ def readme_row(result) -> str:
         held = "yes" if first.held else "no"
         if len(claims) > 1:
             held += f" ({sum(c.held for c in claims)} of {len(claims)} claims)"
-        figures = (_number(first.tutorial, first.unit), _number(first.measured, first.unit))
+        measured = _number(first.measured, first.unit)
         what = f"{result.title}: {first.claim}"
         why = first.why
     else:
-        held, figures, what, why = "-", ("-", "-"), result.title, "-"
-    cells = (str(result.number), f"`{result.lesson}`", what, *figures, held, why,
-             summary(versus_torch(result)))
+        held, measured, what, why = "-", "-", result.title, "-"
+    cells = (str(result.number), f"`{result.lesson}`", what, *tutorial_cells(result.lesson),
+             measured, held, why, summary(versus_torch(result)))
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 

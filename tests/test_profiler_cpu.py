@@ -415,6 +415,54 @@ def test_table_sorting(sort_by, expected):
     assert table_names(prof.key_averages().table(sort_by=sort_by)) == expected
 
 
+@pytest.mark.parametrize("torch_key, ours", [
+    ("cuda_time_total", "gpu_time_total"),
+    ("self_cuda_time_total", "gpu_time_total"),
+    ("device_time_total", "gpu_time_total"),
+    ("self_device_time_total", "gpu_time_total"),
+    ("cuda_time", "gpu_time_avg"),
+    ("device_time", "gpu_time_avg"),
+    ("cpu_time_total", "host_time_total"),
+    ("self_cpu_time_total", "host_time_total"),
+    ("cpu_time", "host_time_avg"),
+    ("count", "calls"),
+])
+def test_table_takes_torchs_sort_keys(torch_key, ours):
+    """The guides type torch's names (sort_by="cuda_time_total"): each sorts as cudalab's key."""
+    assert profiler.TORCH_SORT_KEYS[torch_key] == ours
+    rows = synthetic_profile()[0].key_averages()
+    assert rows.sorted(torch_key) == rows.sorted(ours)
+    assert rows.table(sort_by=torch_key, row_limit=3) == rows.table(sort_by=ours, row_limit=3)
+
+
+def test_torch_sort_keys_name_only_cudalab_keys():
+    assert set(profiler.TORCH_SORT_KEYS.values()) <= set(profiler.SORT_KEYS)
+    assert not set(profiler.TORCH_SORT_KEYS) & set(profiler.SORT_KEYS)
+    assert "TORCH_SORT_KEYS" in profiler.__all__
+
+
+def test_an_unknown_sort_key_lists_cudalabs_keys_and_torchs():
+    rows = synthetic_profile()[0].key_averages()
+    with assert_arg_error(ValueError, "table", "sort_by", match="^unknown key 'bogus'") as info:
+        rows.table(sort_by="bogus")
+    message = str(info.value)
+    for key in profiler.SORT_KEYS:
+        assert key in message
+    assert "torch's name for one: cuda_time_total (gpu_time_total), " in message
+    for key in profiler.TORCH_SORT_KEYS:
+        assert key in message
+
+
+@pytest.mark.parametrize("key", ["cuda_memory_usage", "self_cpu_memory_usage"])
+def test_torchs_memory_sort_keys_say_no_memory_is_recorded(key):
+    rows = synthetic_profile()[0].key_averages()
+    with assert_arg_error(ValueError, "table", "sort_by",
+                          match=f"^torch's key '{key}' sorts by memory, which cudalab's "
+                                "profiler does not record") as info:
+        rows.table(sort_by=key)
+    assert "gpu_time_total" in str(info.value) and "cuda_time_total" in str(info.value)
+
+
 def test_table_sort_by_calls_puts_most_called_first():
     prof, _ = synthetic_profile()
     assert table_names(prof.key_averages().table(sort_by="calls"))[0] == "add"
@@ -448,8 +496,8 @@ def test_table_row_limit():
 def test_table_argument_errors():
     rows, _ = synthetic_profile()
     rows = rows.key_averages()
-    with assert_arg_error(ValueError, "table", "sort_by", match="^unknown key 'cuda_time'"):
-        rows.table(sort_by="cuda_time")
+    with assert_arg_error(ValueError, "table", "sort_by", match="^unknown key 'gpu_time'"):
+        rows.table(sort_by="gpu_time")
     with assert_arg_error(TypeError, "table", "sort_by", match="^expected a str"):
         rows.table(sort_by=1)  # type: ignore[arg-type]
     with assert_arg_error(ValueError, "table", "row_limit", match="^must be >= 0"):

@@ -12,6 +12,10 @@
     print(prof.key_averages().table(sort_by="gpu_time_total", row_limit=10))
     prof.export_chrome_trace("trace.json")   # open in ui.perfetto.dev or chrome://tracing
 
+``table(sort_by=...)`` also takes torch.profiler's names for the same orders
+(``"cuda_time_total"`` as the guides type it, ``"cpu_time_total"``, ``"count"``...):
+:data:`TORCH_SORT_KEYS` maps each to cudalab's key.
+
 What is recorded
 ----------------
 Inside ``profile()`` every cudalab op leaves one :class:`ProfilerEvent`: its
@@ -108,6 +112,7 @@ __all__ = [
     "OP_CATEGORIES",
     "REDUCTION_OPS",
     "SORT_KEYS",
+    "TORCH_SORT_KEYS",
     "KeyAverage",
     "KeyAverages",
     "Profile",
@@ -126,6 +131,34 @@ SORT_KEYS = (
     "host_time_avg",
     "calls",
     "name",
+)
+
+# torch.profiler's sort_by names (the ones a torch user types, as the guides do with
+# "cuda_time_total"), each taken as the cudalab key it means. torch's "cuda_time" and
+# "cpu_time" are per-call averages. cudalab's ops do not nest (an op's record holds all its
+# work), so an op's self time is its total time; a record_function range sorts by its
+# whole time, where torch's self time would leave out the ops inside it.
+TORCH_SORT_KEYS: dict[str, str] = {
+    "cuda_time_total": "gpu_time_total",
+    "self_cuda_time_total": "gpu_time_total",
+    "device_time_total": "gpu_time_total",
+    "self_device_time_total": "gpu_time_total",
+    "cuda_time": "gpu_time_avg",
+    "device_time": "gpu_time_avg",
+    "cpu_time_total": "host_time_total",
+    "self_cpu_time_total": "host_time_total",
+    "cpu_time": "host_time_avg",
+    "count": "calls",
+}
+
+# torch's memory sort keys: the profiler records no memory, so these have no cudalab key.
+_TORCH_MEMORY_KEYS = (
+    "cpu_memory_usage",
+    "self_cpu_memory_usage",
+    "cuda_memory_usage",
+    "self_cuda_memory_usage",
+    "device_memory_usage",
+    "self_device_memory_usage",
 )
 
 # The op names as recorded, by kind. The element-wise ops and the reductions are the
@@ -298,6 +331,11 @@ class KeyAverage:
         )
 
 
+def _torch_names() -> str:
+    """TORCH_SORT_KEYS for an error message: ``cuda_time_total (gpu_time_total), ...``."""
+    return ", ".join(f"{torch} ({ours})" for torch, ours in TORCH_SORT_KEYS.items())
+
+
 def _total(values: Iterable[Optional[int]]) -> Optional[int]:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
@@ -354,15 +392,24 @@ class KeyAverages(Sequence[KeyAverage]):
         return f"KeyAverages({len(self._rows)} rows)"
 
     def sorted(self, sort_by: str = "gpu_time_total") -> list[KeyAverage]:
-        """The rows ordered by one of :data:`SORT_KEYS`."""
+        """The rows ordered by one of :data:`SORT_KEYS`, or torch's name for one
+        (:data:`TORCH_SORT_KEYS`: ``cuda_time_total`` is ``gpu_time_total``)."""
         if not isinstance(sort_by, str):
             raise TypeError(
                 f"table() argument 'sort_by': expected a str, got {type(sort_by).__name__}"
             )
+        if sort_by in _TORCH_MEMORY_KEYS:
+            raise ValueError(
+                f"table() argument 'sort_by': torch's key {sort_by!r} sorts by memory, which "
+                f"cudalab's profiler does not record (expected one of {', '.join(SORT_KEYS)}, "
+                f"or torch's {', '.join(TORCH_SORT_KEYS)})"
+            )
+        sort_by = TORCH_SORT_KEYS.get(sort_by, sort_by)
         if sort_by not in SORT_KEYS:
             raise ValueError(
                 f"table() argument 'sort_by': unknown key {sort_by!r} "
-                f"(expected one of {', '.join(SORT_KEYS)})"
+                f"(expected one of {', '.join(SORT_KEYS)}, "
+                f"or torch's name for one: {_torch_names()})"
             )
         if sort_by == "name":
             return sorted(self._rows, key=lambda r: r.name)
@@ -387,7 +434,13 @@ class KeyAverages(Sequence[KeyAverage]):
         sort_by : str, optional
             One of ``gpu_time_total`` (default), ``gpu_time_avg``,
             ``host_time_total``, ``host_time_avg``, ``calls`` (descending) or
-            ``name`` (ascending).
+            ``name`` (ascending); torch's names are accepted for the same
+            orders (:data:`TORCH_SORT_KEYS`): ``cuda_time_total``,
+            ``self_cuda_time_total`` and ``device_time_total`` are
+            ``gpu_time_total``, ``cuda_time`` is ``gpu_time_avg``,
+            ``cpu_time_total`` and ``self_cpu_time_total`` are
+            ``host_time_total``, ``cpu_time`` is ``host_time_avg``, ``count``
+            is ``calls``.
         row_limit : int, optional
             Show at most this many rows (None: all).
 

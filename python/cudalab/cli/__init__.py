@@ -16,6 +16,9 @@ Commands, one module of this package per group:
 
 * ``inference`` (cli/inference.py): the guide's model inference comparison.
 
+* ``guide`` (cli/guide.py): the guide's four scripts in order (check,
+  cpu-vs-gpu, memory, inference) with its flags, and a summary.
+
 * ``results [LESSON]`` (cli/results.py): the lesson results committed to the
   repository, printed without a GPU.
 
@@ -30,7 +33,7 @@ import sys
 from typing import Sequence
 
 from .. import __version__
-from . import bench, check, inference, lessons, results
+from . import bench, check, guide, inference, lessons, results
 from .check import check_report
 
 __all__ = ["build_parser", "check_report", "main"]
@@ -45,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub)
     lessons.add_parsers(sub)
     inference.add_parsers(sub)
+    guide.add_parsers(sub)
     results.add_parsers(sub)
     return parser
 

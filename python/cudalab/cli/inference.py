@@ -8,7 +8,9 @@ several), eagerly and, with ``--graph``, replayed from a CUDA graph, with
 torchvision's model beside it when torch and torchvision are installed. The
 CPU runs at the smallest batch size only unless ``--cpu-batch-sizes`` says
 otherwise. Output, ``--json`` and ``--markdown`` are those of ``cudalab
-lesson inference``.
+lesson inference``. ``--model-name`` is the same option as ``--model``, under
+the name the guide's model_inference_comparison.py gives it, so the guide's
+command line (``--model-name resnet50 --batch-sizes 1,8,16,32``) works as written.
 """
 
 from __future__ import annotations
@@ -62,8 +64,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Run ResNet-50 inference on the CPU and the GPU per batch size and "
                     "precision (lesson inference), beside torchvision's resnet50 with the "
                     "same weights when torch and torchvision are installed.")
-    parser.add_argument("--model", choices=MODELS, default="resnet50",
-                        help="the network (default resnet50)")
+    # --model-name: the guide's spelling (model_inference_comparison.py --model-name resnet50)
+    parser.add_argument("--model", "--model-name", dest="model", choices=MODELS,
+                        default="resnet50",
+                        help="the network (default resnet50); --model-name is the same option, "
+                             "as the guide spells it")
     parser.add_argument("--batch-sizes", type=_argtype(R.parse_batch_sizes), metavar="N,N,...",
                         default=(1, 8, 16, 32),
                         help=f"batch sizes, each 1..{R.MAX_BATCH} (default 1,8,16,32, as "

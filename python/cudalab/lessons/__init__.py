@@ -26,7 +26,8 @@ __all__ = ["Check", "Claim", "Finding", "Lesson", "LessonCheckError", "LessonRes
            "LessonRun", "get", "markdown", "names", "read_results", "run", "write_results"]
 
 # The lessons' machinery and shared helpers: modules of this package that are not lessons.
-_FRAMEWORK = {"analysis", "multi_gpu", "registry", "resnet", "result", "results", "training"}
+_FRAMEWORK = {"analysis", "multi_gpu", "registry", "resnet", "result", "results", "training",
+              "tutorial_figures"}
 
 # Each lesson module registers itself on import; a new lesson is a new module.
 for _info in pkgutil.iter_modules(__path__):
