@@ -139,7 +139,8 @@ def _one_dtype(r: LessonRun, dtype: str, a64: Any, b64: Any, ref: np.ndarray, pe
 
 
 def _findings(r: LessonRun, rate: dict[str, float], err: dict[str, float],
-              capability: tuple[int, int], peaks: Mapping[str, float | None]) -> None:
+              capability: tuple[int, int],
+              peaks: Mapping[str, float | None] | None = None) -> None:
     if "float64" in rate and "float32" in rate:
         ratio = rate["float64"] / rate["float32"]
         _, text = fp64_verdict(ratio, capability)
@@ -162,7 +163,7 @@ def _findings(r: LessonRun, rate: dict[str, float], err: dict[str, float],
                   f"float32's range", value=ratio, unit="x",
                   labels=("matmul bfloat16", "matmul float16"))
     if "float16" in rate and "float32" in rate:
-        p16, p32 = peaks.get("float16"), peaks.get("float32")
+        p16, p32 = (peaks or {}).get("float16"), (peaks or {}).get("float32")
         r.finding(quoted_peaks_text(p16 and p16 / 1e12, p32 and p32 / 1e12, rate["float16"],
                                     rate["float32"]),
                   value=rate["float16"] / rate["float32"], unit="x",

@@ -289,7 +289,7 @@ def _torch_twin(label: str) -> str | None:
     return f"matmul {label[len(prefix):]} pad=off" if label.startswith(prefix) else None
 
 
-def _check(p: Mapping[str, Any]) -> None:
+def _check_run_params(p: Mapping[str, Any]) -> None:
     """`check_params` on a run's parameters (checked before any GPU work)."""
     check_params(list(p["sizes"]), list(p["dtypes"]))
 
@@ -300,7 +300,7 @@ def _check(p: Mapping[str, Any]) -> None:
         params={"sizes": (4095, 4096, 4097, 4104, 8191), "dtypes": DTYPES},
         quick_params={"sizes": (1023, 1024, 1025, 1032), "dtypes": ("float16", "tf32")},
         torch_twin=_torch_twin,
-        check=_check)
+        check=_check_run_params)
 def run(r: LessonRun) -> None:
     sizes, dtypes = list(r.params["sizes"]), list(r.params["dtypes"])
     check_params(sizes, dtypes)
