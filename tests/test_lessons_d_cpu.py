@@ -335,6 +335,9 @@ class _Stream:
     def wait_event(self, event):
         assert isinstance(event, _Event)
 
+    def wait_stream(self, stream):
+        assert isinstance(stream, _Stream)
+
     def record_event(self):
         return _Event()
 
@@ -406,6 +409,8 @@ def _fake_gpu(monkeypatch):
         "axpy": lambda alpha, x, y, out=None: _into(
             out, (alpha * _values(x) + y).astype(np.float32)),
         "tanh": lambda x, out=None: _into(out, np.tanh(_values(x))),
+        "mul": lambda a, b, out=None: _into(out, _values(a) * _values(b)),
+        "copyto": lambda dst, src: _into(dst, np.broadcast_to(_values(src), dst.shape)),
     }
     for name, fn in fake.items():
         monkeypatch.setattr(cudalab, name, fn)

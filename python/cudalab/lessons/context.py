@@ -43,6 +43,13 @@ POOL_SEES_NOTHING_MIB = 1.0
 RETURNED_MIB = 16.0
 # Seconds the parent waits for a child stage (a cold driver can take seconds).
 CHILD_TIMEOUT_S = 120.0
+# The driver's module loading modes (CUDA_MODULE_LOADING): EAGER loads every
+# kernel of every module when the context is made (the only mode before CUDA
+# 11.7); LAZY loads a kernel on its first launch (opt-in from 11.7, the
+# default since 12.2). The tutorial's figure predates or ignores LAZY.
+LOADING = ("EAGER", "LAZY")
+# EAGER holding at least this much more than LAZY: module loading matters.
+LOADING_MATTERS_MIB = 64.0
 
 # The child process: each stage, then a JSON line, then wait for the parent's
 # newline so the parent can read the driver's free memory at that point.
@@ -124,25 +131,29 @@ def _read_stage(proc: subprocess.Popen, impl: str, errors: Any) -> dict[str, Any
     return json.loads(line)
 
 
-def run_child(impl: str, device: int) -> dict[str, Any]:
-    """run_child(impl, device) -> dict
+def run_child(impl: str, device: int, loading: str | None = None) -> dict[str, Any]:
+    """run_child(impl, device, loading=None) -> dict
 
     One fresh process of `impl` ("cudalab" or "torch"): its stage records,
     each with ``outside_free`` (free memory this process saw while the child
     waited there), the free memory before it started and after it ended, and
-    its wall time from spawn to exit.
+    its wall time from spawn to exit. `loading` ("EAGER" or "LAZY") sets the
+    child's CUDA_MODULE_LOADING; None leaves this process's environment.
     """
+    env = _child_env()
+    if loading is not None:
+        env["CUDA_MODULE_LOADING"] = loading
     # The child's stderr goes to a file: a chatty child cannot fill a pipe and stall.
     with tempfile.TemporaryFile("w+") as errors:
         baseline = cudalab.mem_get_info(device)[0]
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-c", CHILD, impl, str(device)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                                text=True, env=_child_env())
+                                text=True, env=env)
         stages = _stages(proc, impl, device, errors)
         wall = time.perf_counter() - start
-    return {"impl": impl, "baseline_free": baseline, "stages": stages, "wall_s": wall,
-            "after_free": cudalab.mem_get_info(device)[0]}
+    return {"impl": impl, "loading": loading, "baseline_free": baseline, "stages": stages,
+            "wall_s": wall, "after_free": cudalab.mem_get_info(device)[0]}
 
 
 def _stages(proc: subprocess.Popen, impl: str, device: int, errors: Any) -> list[dict[str, Any]]:
@@ -214,6 +225,26 @@ def claim_verdict(total_mib: float) -> tuple[bool, str]:
     return False, f"{total_mib:.0f} MiB is {side} 1-2 GiB on this GPU and driver"
 
 
+def loading_verdict(eager_mib: float, lazy_mib: float) -> tuple[bool, str]:
+    """loading_verdict(eager_mib, lazy_mib) -> (explains, text)
+
+    Whether eager module loading explains the tutorial's 1-2 GB, from the
+    device memory a process holds after its first matmul under
+    CUDA_MODULE_LOADING=EAGER and =LAZY.
+    """
+    extra = eager_mib - lazy_mib
+    both = f"EAGER {eager_mib:.0f} MiB, LAZY {lazy_mib:.0f} MiB"
+    if extra < LOADING_MATTERS_MIB:
+        return False, (f"module loading does not explain the tutorial's 1-2 GB: {both} "
+                       f"({extra:+.0f} MiB)")
+    if eager_mib >= CLAIM_LOW_MIB and lazy_mib < CLAIM_LOW_MIB:
+        return True, (f"eager module loading explains the tutorial's 1-2 GB: {both}; the "
+                      f"{extra:.0f} MiB difference is kernels loaded before any is used")
+    return False, (f"eager module loading adds {extra:.0f} MiB ({both}) but "
+                   + ("LAZY is already at 1 GiB or more" if lazy_mib >= CLAIM_LOW_MIB else
+                      "EAGER stays below 1 GiB") + ": it explains only part of the gap")
+
+
 def _median_stage(rows: list[dict[str, Any]], impl: str, stage: str, key: str) -> float:
     return statistics.median(r[key] for r in rows if r["impl"] == impl and r["stage"] == stage)
 
@@ -276,15 +307,53 @@ def _findings(r: LessonRun, rows: list[dict[str, Any]], impls: list[str]) -> Non
                 f"{total:.0f} MiB the driver sees")
 
 
+def _loading(r: LessonRun, runs: list[dict[str, Any]], impls: list[str]) -> None:
+    """Rows, measurements and findings of the EAGER / LAZY children (one of each per impl)."""
+    totals: dict[str, dict[str, float]] = {}
+    for impl in impls:
+        mine = {x["loading"]: x for x in runs if x["impl"] == impl}
+        if set(mine) != set(LOADING):
+            continue
+        totals[impl] = {}
+        for mode, one in mine.items():
+            rows = stage_rows(one, 0)
+            for row in rows:
+                r.row(**row, loading=mode)
+            totals[impl][mode] = rows[-1]["driver_mib"]
+            r.add(host_measurement([one["stages"][0]["seconds"]], calls=1,
+                                   label=f"context ({impl}, {mode})", host_time=False,
+                                   timer=f"host clock in a fresh process with "
+                                         f"CUDA_MODULE_LOADING={mode}"))
+        eager, lazy = (stage_rows(mine[m], 0) for m in LOADING)
+        r.finding(f"{impl} with CUDA_MODULE_LOADING=EAGER: {eager[0]['driver_mib']:.0f} MiB "
+                  f"after the context, {eager[-1]['driver_mib']:.0f} MiB after the first "
+                  f"matmul (context made in {eager[0]['ms']:.0f} ms); with LAZY: "
+                  f"{lazy[0]['driver_mib']:.0f} MiB, {lazy[-1]['driver_mib']:.0f} MiB "
+                  f"({lazy[0]['ms']:.0f} ms)",
+                  value=eager[-1]["driver_mib"] - lazy[-1]["driver_mib"], unit="MiB", labels=(f"context ({impl}, EAGER)", f"context ({impl}, LAZY)"))
+    if not totals:
+        return
+    # The tutorial's number is PyTorch's: judge with PyTorch's children where they ran.
+    impl = "torch" if "torch" in totals else "cudalab"
+    explains, text = loading_verdict(totals[impl]["EAGER"], totals[impl]["LAZY"])
+    r.finding(f"{impl}: {text}", value=totals[impl]["EAGER"], unit="MiB",
+              labels=(f"context ({impl}, EAGER)", f"context ({impl}, LAZY)"))
+    r.claim("the 1-2 GB overhead is constant and unavoidable, whatever the module loading mode",
+            tutorial=(CLAIM_LOW_MIB + CLAIM_HIGH_MIB) / 2, measured=totals[impl]["LAZY"],
+            unit="MiB", held=not explains and totals[impl]["LAZY"] >= CLAIM_LOW_MIB,
+            why=f"{impl}: {text}")
+
+
 def check_params(p: Mapping[str, Any]) -> None:
     """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
     P.ints("context", p, "runs")
-    P.bools("context", p, "torch")
+    P.bools("context", p, "torch", "loading", "loading_torch")
 
 
 @lesson(0, "context", title="The memory and time a CUDA context costs before any data",
         seed="Colab notebook lesson 0 (GPU memory baseline: CUDA overhead)",
-        params={"runs": 3, "torch": True}, quick_params={"runs": 1},
+        params={"runs": 3, "torch": True, "loading": True, "loading_torch": True},
+        quick_params={"runs": 1, "loading_torch": False},
         check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
@@ -296,7 +365,7 @@ def run(r: LessonRun) -> None:
         for i, one in enumerate(x for x in runs if x["impl"] == impl):
             rows += stage_rows(one, i)
     for row in rows:
-        r.row(**row)
+        r.row(**row, loading=None)
     _check(r, runs)
     for impl in impls:
         _measure(r, runs, impl)
@@ -306,11 +375,24 @@ def run(r: LessonRun) -> None:
             else f"{back:.0f} MiB was not yet back when the child's exit was seen")
     r.finding(f"After the child exits, free memory is within {back:.0f} MiB of where it was "
               f"before it started: {text}", value=back, unit="MiB", labels=("process (cudalab)",))
+    if p["loading"]:
+        # One child per mode and impl; torch's EAGER child loads all of its
+        # kernels (seconds), so quick runs leave torch out.
+        loading_impls = [i for i in impls if i == "cudalab" or p["loading_torch"]]
+        loading_runs = [run_child(i, device, mode) for i in loading_impls for mode in LOADING]
+        errors = [e for x in loading_runs for e in consistency_errors(x)]
+        r.check("EAGER / LAZY children: free <= total, 0 <= driver-seen use <= total"
+                + (f" ({errors[0]})" if errors else ""), len(errors), 0)
+        got = [(s["value"], EXPECTED[s["stage"]]) for x in loading_runs for s in x["stages"]
+               if s["stage"] in EXPECTED]
+        r.check("EAGER / LAZY children compute the same first op and first matmul",
+                max(abs(g - w) / w for g, w in got), 0.0)
+        _loading(r, loading_runs, loading_impls)
 
 
 @run.plot
 def plot(result, ax) -> None:
-    rows = [x for x in result.rows if x["run"] == 0]
+    rows = [x for x in result.rows if x["run"] == 0 and x.get("loading") is None]
     impls = [i for i in IMPLS if any(x["impl"] == i for x in rows)]
     bottoms = [0.0] * len(impls)
     for stage in STAGES:

@@ -35,6 +35,10 @@ TUTORIAL_MEMORY_OVER_PCIE = 1500.0 / 16.0
 # its expected value (a 1 in ~10^9 event for a correct generator).
 STAT_Z = 6.0
 HOST_TIMER = "host clock: call, then synchronize"
+# Two guides disagree on `cpu_tensor + gpu_tensor`: "GPU Acceleration in
+# PyTorch" (4.1) says it transfers the CPU tensor; the CUDA chapter (17.4)
+# says CPU-GPU ops crash with a RuntimeError. The lesson runs it.
+MIXING_CLAIM = "cpu_tensor + gpu_tensor moves the CPU tensor to the GPU automatically"
 
 
 def normal_stats_z(values: np.ndarray) -> tuple[float, float]:
@@ -47,6 +51,56 @@ def normal_stats_z(values: np.ndarray) -> tuple[float, float]:
     n = x.size
     return (abs(float(x.mean())) * math.sqrt(n),
             abs(float(x.std()) - 1.0) * math.sqrt(2.0 * n))
+
+
+def mixing_verdict(torch_error: str | None) -> tuple[bool, str]:
+    """mixing_verdict(torch_error) -> (moves, text)
+
+    Which guide is right about PyTorch's ``cpu_tensor + gpu_tensor``, from the
+    error it raised (None: it returned a result).
+    """
+    if torch_error is None:
+        return True, ("PyTorch added a 3x3 CPU tensor to a CUDA tensor without an error: the "
+                      "guide that says it transfers is right here")
+    first = torch_error.strip().splitlines()[0] if torch_error.strip() else "(no message)"
+    return False, (f"PyTorch raised on a 3x3 CPU tensor + a CUDA tensor ({first[:160]}): the "
+                   f"guide that says CPU-GPU ops raise a RuntimeError is right; only 0-d CPU "
+                   f"tensors (scalars) mix with CUDA tensors")
+
+
+def _raises(fn: Callable[[], Any]) -> str | None:
+    """The exception fn() raises, as 'Type: message', or None when it returns."""
+    try:
+        fn()
+    except Exception as exc:  # whatever it is, the lesson reports it
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _mixing(r: LessonRun, torch: Any) -> None:
+    """Host and device operands in one op: cudalab's answer, and PyTorch's where installed."""
+    d = cudalab.full((3, 3), 1.5, "float32")
+    h = np.full((3, 3), 2.0, dtype=np.float32)
+    ours = {"device_array + numpy_array": _raises(lambda: d + h),
+            "numpy_array + device_array": _raises(lambda: h + d)}
+    r.check("cudalab refuses a host array in an element-wise op, both orders (ops that ran)",
+            sum(e is None for e in ours.values()), 0)
+    message = ours["device_array + numpy_array"] or ""
+    r.finding(f"cudalab never uploads implicitly: device_array + numpy_array raises "
+              f"{message[:200]}; numpy_array + device_array raises too "
+              f"({(ours['numpy_array + device_array'] or '').split(':')[0]}); NumPy scalars and "
+              f"0-d values are accepted as scalars")
+    if torch is None:
+        return
+    target = f"cuda:{cudalab.current_device()}"
+    gpu = torch.full((3, 3), 1.5, device=target)
+    error = _raises(lambda: torch.full((3, 3), 2.0) + gpu)
+    scalar = torch.tensor(2.0) + gpu
+    r.check("torch: a 0-d CPU tensor + a CUDA tensor computes 3.5 on the GPU",
+            float((scalar - 3.5).abs().max()) + (0.0 if scalar.is_cuda else 1.0), 0.0)
+    moves, text = mixing_verdict(error)
+    r.finding(text[0].upper() + text[1:])
+    r.claim(MIXING_CLAIM, tutorial=None, measured=None, unit=None, held=moves, why=text)
 
 
 def _cases(n: int, rng: np.random.Generator, host: np.ndarray,
@@ -199,6 +253,7 @@ def run(r: LessonRun) -> None:
     torch = r.torch()
     h2d, copy_ceiling = ceiling("h2d").value, ceiling("copy").value
     _check(r, sizes[0], rng)
+    _mixing(r, torch)
     rows = []
     for n in sizes:
         _measure_size(r, n, rng, torch)

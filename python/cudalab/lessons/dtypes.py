@@ -43,6 +43,11 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-4, "tf32": 1e-2, "float16": 1e-2,
 TUTORIAL_FP32_OVER_FP64 = 15.63
 TUTORIAL_FP16_OVER_FP64 = 62.09
 TUTORIAL_FP16_OVER_FP32 = 16.0
+# Those 312 and 19.5 TFLOP/s are an A100's datasheet figures (dense float16
+# tensor cores, float32 CUDA cores), not the T4's the tutorial ran on (65 and
+# 8.1 TFLOP/s: 8x, not 16x).
+QUOTED_FP16_TFLOPS, QUOTED_FP32_TFLOPS = 312.0, 19.5
+T4_FP16_TFLOPS, T4_FP32_TFLOPS = 65.0, 8.1
 
 
 def storage(dtype: str) -> str:
@@ -66,6 +71,23 @@ def fp64_verdict(ratio: float, capability: tuple[int, int]) -> tuple[bool, str]:
     return False, (f"float64 runs at 1/{1 / ratio:.0f} of the float32 rate: this GPU "
                    f"(cc {capability[0]}.{capability[1]}) has few fp64 units; use float32 "
                    f"unless the precision is needed")
+
+
+def quoted_peaks_text(peak16: float | None, peak32: float | None, rate16: float,
+                      rate32: float) -> str:
+    """quoted_peaks_text(peak16, peak32, rate16, rate32) -> str
+
+    The tutorial's 312 / 19.5 TFLOP/s placed beside the T4's datasheet, this
+    GPU's datasheet (TFLOP/s, None when unknown) and this run's float16 and
+    true-float32 matmul rates.
+    """
+    sheet = (f"this GPU's datasheet: {peak16:.0f} / {peak32:.1f} ({peak16 / peak32:.0f}x)"
+             if peak16 and peak32 else "this GPU's datasheet figures are not known to cudalab")
+    return (f"The tutorial's {QUOTED_FP16_TFLOPS:.0f} vs {QUOTED_FP32_TFLOPS} TFLOP/s "
+            f"({QUOTED_FP16_TFLOPS / QUOTED_FP32_TFLOPS:.0f}x) are an A100's datasheet figures "
+            f"(dense float16 tensor / float32), not the T4's it ran on ({T4_FP16_TFLOPS:.0f} / "
+            f"{T4_FP32_TFLOPS}, {T4_FP16_TFLOPS / T4_FP32_TFLOPS:.0f}x); {sheet}; measured "
+            f"here: {rate16:.1f} / {rate32:.1f} TFLOP/s ({rate16 / rate32:.1f}x)")
 
 
 def _set_precision(dtype: str) -> None:
@@ -117,7 +139,8 @@ def _one_dtype(r: LessonRun, dtype: str, a64: Any, b64: Any, ref: np.ndarray, pe
 
 
 def _findings(r: LessonRun, rate: dict[str, float], err: dict[str, float],
-              capability: tuple[int, int]) -> None:
+              capability: tuple[int, int],
+              peaks: Mapping[str, float | None] | None = None) -> None:
     if "float64" in rate and "float32" in rate:
         ratio = rate["float64"] / rate["float32"]
         _, text = fp64_verdict(ratio, capability)
@@ -139,6 +162,12 @@ def _findings(r: LessonRun, rate: dict[str, float], err: dict[str, float],
                   f"float16's ({err['float16']:.1e}): 8 mantissa bits against 11, traded for "
                   f"float32's range", value=ratio, unit="x",
                   labels=("matmul bfloat16", "matmul float16"))
+    if "float16" in rate and "float32" in rate:
+        p16, p32 = (peaks or {}).get("float16"), (peaks or {}).get("float32")
+        r.finding(quoted_peaks_text(p16 and p16 / 1e12, p32 and p32 / 1e12, rate["float16"],
+                                    rate["float32"]),
+                  value=rate["float16"] / rate["float32"], unit="x",
+                  labels=("matmul float16", "matmul float32"))
 
 
 def _claims(r: LessonRun, rate: dict[str, float]) -> None:
@@ -186,7 +215,7 @@ def run(r: LessonRun) -> None:
         r.row(**row)
     ours = [x for x in rows if x["impl"] == "cudalab"]
     _findings(r, {x["dtype"]: x["tflops"] for x in ours}, {x["dtype"]: x["rel_err"] for x in ours},
-              props.compute_capability)
+              props.compute_capability, props.peak_flops)
     _claims(r, {x["dtype"]: x["tflops"] for x in ours})
 
 

@@ -41,6 +41,13 @@ CHECK_STRIDE = 97
 PIPELINE_STREAMS = 3
 TOLERANCE = 1e-5
 TIMER = "host clock around the whole call (it returns with every stream synchronized)"
+# The guide's StreamPipeline runs each model on a side stream without making
+# that stream wait for the input, which the caller produced on the current
+# stream. The race part reproduces it: an upload (then a copy into place) on
+# the current stream, a kernel reading the result on a side stream, with and
+# without side.wait_stream(current). Trials of each; the worst is reported.
+RACE_TRIALS = 3
+SENTINEL = 1e30
 
 ROW_KEYS = ("part", "case", "kernel", "streams", "chunks", "impl", "ms", "per_kernel_us",
             "speedup", "bound_ms", "pct_of_bound")
@@ -205,6 +212,69 @@ def _pipeline_part(r: LessonRun, rng: np.random.Generator) -> dict[int, float]:
     return speedups
 
 
+def race_text(stale: int, total: int, upload_ms: float) -> str:
+    """What the guide's pattern (no wait) read, against the correct one."""
+    if stale:
+        return (f"the guide's pattern (a side stream that never waits for its input) read "
+                f"{stale:,} of {total:,} elements ({100 * stale / total:.1f}%) before the "
+                f"{upload_ms:.2f} ms upload on the current stream wrote them; with "
+                f"side.wait_stream(current) every element is right")
+    return (f"the guide's pattern (a side stream that never waits for its input) read no "
+            f"stale element in this run ({total:,} elements, a {upload_ms:.2f} ms upload): the "
+            f"side stream happened to start after the upload; nothing orders the two streams, "
+            f"so a slower copy, a busier GPU or another driver gives wrong results: it is still "
+            f"a race, and side.wait_stream(current) is what makes it correct")
+
+
+def race_trial(host: np.ndarray, x: Any, sentinel: Any, side: Any, wait: bool) -> np.ndarray:
+    """2 * host computed on `side` from `x`, which the current stream fills from `host`.
+
+    `x` is first reset to `sentinel` (and synchronized), so an element the
+    side stream reads before the current stream's upload and copy reach it
+    comes out as 2 * sentinel. `wait` makes the side stream wait for the
+    current one first (the correct version).
+    """
+    cudalab.copyto(x, sentinel)
+    cudalab.synchronize()
+    current = cudalab.current_stream()
+    d = cudalab.asarray(host, non_blocking=True)  # the producer: upload, then write x
+    cudalab.copyto(x, d)
+    with side:
+        if wait:
+            side.wait_stream(current)
+        y = cudalab.mul(x, 2.0)  # the consumer
+        out = y.get()
+    cudalab.synchronize()
+    return out
+
+
+def _race(r: LessonRun, rng: np.random.Generator) -> None:
+    n = r.params["race_mib"] * MIB // 4
+    host = cudalab.pinned_empty(n, dtype=np.float32)
+    host[:] = rng.standard_normal(n, dtype=np.float32)
+    want = 2.0 * host
+    x = cudalab.empty(n, dtype="float32")
+    # Far outside any normal sample: 2 * SENTINEL is never a right answer.
+    sentinel = cudalab.full(n, SENTINEL, "float32")
+    side = cudalab.Stream()
+    upload = r.measure("race: upload", lambda: cudalab.asarray(host, non_blocking=True),
+                       bytes=host.nbytes, ceiling="h2d")
+    stale = {}
+    for wait in (True, False):
+        stale[wait] = max(int(np.count_nonzero(race_trial(host, x, sentinel, side, wait)
+                                               != want)) for _ in range(RACE_TRIALS))
+        _row(r, part="race", case="side.wait_stream(current)" if wait else "no wait (guide)",
+             streams=2, impl="cudalab")
+    r.check(f"with side.wait_stream(current): 2 * x on the side stream vs NumPy, elements "
+            f"wrong (worst of {RACE_TRIALS})", stale[True], 0)
+    text = race_text(stale[False], n, upload.median * 1e3)
+    r.finding(text[0].upper() + text[1:], value=stale[False], unit="stale elements",
+              labels=(upload.label,))
+    r.claim("The guide's StreamPipeline (each model on its own stream, no wait) computes the "
+            "right outputs", tutorial=None, measured=stale[False], unit="stale elements",
+            held=stale[False] == 0, why=text)
+
+
 def _findings(r: LessonRun, conc: dict, speedups: dict[int, float]) -> None:
     p = r.params
     lo, hi = min(p["streams"]), max(p["streams"])
@@ -242,7 +312,7 @@ def _findings(r: LessonRun, conc: dict, speedups: dict[int, float]) -> None:
 def check_params(p: Mapping[str, Any]) -> None:
     """ValueError on a parameter the lesson cannot run with (checked before any GPU work)."""
     P.ints("streams", p, "kernel_cols", "kernels", "big_kernels", "pipeline_mib",
-           "compute_passes", "repeats")
+           "compute_passes", "repeats", "race_mib")
     P.int_lists("streams", p, "big_shape", "streams", "chunks")
     P.seed("streams", p)
 
@@ -252,9 +322,10 @@ def check_params(p: Mapping[str, Any]) -> None:
              "pipeline pattern)",
         params={"kernel_cols": 1 << 20, "kernels": 32, "big_shape": (4096, 4096),
                 "big_kernels": 8, "streams": (1, 2, 4, 8), "pipeline_mib": 256,
-                "chunks": (1, 2, 4, 8, 16, 32), "compute_passes": 4, "repeats": 10, "seed": 0},
+                "chunks": (1, 2, 4, 8, 16, 32), "compute_passes": 4, "repeats": 10, "seed": 0,
+                "race_mib": 256},
         quick_params={"kernel_cols": 1 << 18, "kernels": 16, "streams": (1, 4),
-                      "pipeline_mib": 64, "chunks": (1, 4, 16), "repeats": 5},
+                      "pipeline_mib": 64, "chunks": (1, 4, 16), "repeats": 5, "race_mib": 64},
         check=check_params)
 def run(r: LessonRun) -> None:
     rng = np.random.default_rng(r.params["seed"])
@@ -262,6 +333,7 @@ def run(r: LessonRun) -> None:
     conc = _concurrency(r, torch)
     speedups = _pipeline_part(r, rng)
     _findings(r, conc, speedups)
+    _race(r, rng)
 
 
 @run.plot

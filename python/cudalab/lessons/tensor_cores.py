@@ -35,6 +35,11 @@ PADDING_RECOVERS = 0.7
 TUTORIAL_PENALTY = 16.0
 # The claim holds when the cliff measured here is within 2x of that figure.
 CLAIM_PENALTY_HOLDS = TUTORIAL_PENALTY / 2
+# The tutorial's mechanism: misaligned sizes "fall back to CUDA cores". True
+# float32 (cuBLAS COMPUTE_32F, no TF32: matmul precision "highest") runs on
+# the CUDA cores only; a misaligned tensor-core dtype faster than that rate
+# (or the datasheet fp32 peak) cannot be running on CUDA cores.
+SIMT_LABEL = "matmul float32 highest (CUDA cores) n={}"
 # The tutorial's T4 figure: float16 2048^3 torch.mm at 18.70 TFLOP/s.
 TUTORIAL_T4_TFLOPS_2048 = 18.70
 # The result vs float64 NumPy on a block of rows of the smallest size.
@@ -122,6 +127,34 @@ def padding_text(dtype: str, s: Mapping[str, float]) -> str:
             f"cost too much at these sizes")
 
 
+def simt_size(sizes: list[int]) -> int:
+    """The size to measure the CUDA-core float32 rate at: the largest of `sizes`
+    aligned for float32 (its best case), else the largest."""
+    aligned = [s for s in sizes if s % elements_per_16_bytes("tf32") == 0]
+    return max(aligned or sizes)
+
+
+def cuda_core_verdict(dtype: str, misaligned: float, simt: float,
+                      datasheet: float | None) -> tuple[bool, str]:
+    """cuda_core_verdict(dtype, misaligned, simt, datasheet) -> (beyond, text)
+
+    Whether the misaligned rate of `dtype` (TFLOP/s, padding off) exceeds what
+    CUDA cores can do: the measured true-float32 rate `simt` and the datasheet
+    float32 peak `datasheet` (TFLOP/s, None when unknown), whichever is higher.
+    """
+    bound = max(simt, datasheet or 0.0)
+    sheet = "" if datasheet is None else f", datasheet peak {datasheet:.1f}"
+    if misaligned > bound:
+        return True, (f"{dtype}: misaligned sizes run at {misaligned:.1f} TFLOP/s unpadded, "
+                      f"{misaligned / bound:.1f}x the most the CUDA cores can do (true float32 "
+                      f"{simt:.1f} TFLOP/s measured{sheet}): the fallback kernels still run on "
+                      f"the tensor cores (with narrower loads), so the tutorial's mechanism is "
+                      f"wrong, not only its factor")
+    return False, (f"{dtype}: misaligned sizes run at {misaligned:.1f} TFLOP/s unpadded, within "
+                   f"what CUDA cores can do (true float32 {simt:.1f} TFLOP/s measured{sheet}): "
+                   f"the rate alone cannot tell which units ran them")
+
+
 def claim_verdict(cliff: float) -> tuple[bool, str]:
     """Whether the tutorial's 16x penalty holds for a measured cliff."""
     held = cliff >= CLAIM_PENALTY_HOLDS
@@ -207,6 +240,49 @@ def _findings(r: LessonRun, dtype: str, sizes: list[int], rates: dict, torch: An
     return s["cliff"]
 
 
+def _cuda_cores(r: LessonRun, sizes: list[int]) -> tuple[float, float | None]:
+    """The true-float32 GEMM rate (CUDA cores) at `simt_size`, and the datasheet peak."""
+    n = simt_size(sizes)
+    a = cudalab.random.normal((n, n), dtype="float32", seed=n + 2)
+    b = cudalab.random.normal((n, n), dtype="float32", seed=n + 3)
+    out = cudalab.empty((n, n), dtype="float32")
+    rows = min(n, CHECK_ROWS)
+    got = cudalab.matmul(a[:rows], b, precision="highest").get().astype(np.float64)
+    ref = a[:rows].get().astype(np.float64) @ b.get().astype(np.float64)
+    r.check(f"float32 highest n={n} vs float64 NumPy (relative L2, {rows} rows)",
+            float(np.linalg.norm(got - ref) / np.linalg.norm(ref)), TOLERANCE["tf32"] / 10)
+    m = r.measure(SIMT_LABEL.format(n), lambda: cudalab.matmul(a, b, out=out,
+                                                                precision="highest"),
+                  flops=2 * n**3)
+    r.row(dtype="float32 (CUDA cores)", size=n, aligned=True, impl="cudalab", pad="off",
+          ms=m.median * 1e3, tflops=m.tflops, pct_ceiling=None)
+    peak = cudalab.get_device_properties().peak_flops.get("float32")
+    return m.tflops, None if not peak else peak / 1e12
+
+
+def _mechanism(r: LessonRun, sizes: list[int], dtypes: list[str], rates: dict) -> None:
+    """Findings and the claim on what runs misaligned sizes (tensor or CUDA cores)."""
+    simt, datasheet = _cuda_cores(r, sizes)
+    n = simt_size(sizes)
+    verdicts = {}
+    for dtype in dtypes:
+        s = summarize(rates[dtype], dtype)
+        if s is None:
+            continue
+        beyond, text = cuda_core_verdict(dtype, s["misaligned_off"], simt, datasheet)
+        verdicts[dtype] = beyond, text
+        mis = tuple(_label("cudalab", dtype, sz, "off") for sz in sizes
+                    if not is_aligned(sz, dtype))
+        r.finding(text, value=s["misaligned_off"] / max(simt, datasheet or 0.0),
+                  unit="x CUDA-core rate", labels=mis + (SIMT_LABEL.format(n),))
+    if verdicts:
+        dtype = "float16" if "float16" in verdicts else next(iter(verdicts))
+        beyond, text = verdicts[dtype]
+        r.claim("misaligned dimensions fall back to CUDA cores (the mechanism, whatever the "
+                "factor)", tutorial=None, measured=summarize(rates[dtype], dtype)["misaligned_off"],
+                unit="TFLOP/s", held=not beyond, why=text)
+
+
 def _torch_twin(label: str) -> str | None:
     """torch.mm's twin is the same cuBLAS product unpadded (padding is cudalab's own)."""
     prefix = "torch.mm "
@@ -230,11 +306,13 @@ def run(r: LessonRun) -> None:
     check_params(sizes, dtypes)
     torch = r.torch()
     cliffs: dict[str, float] = {}
+    all_rates = {}
     for dtype in dtypes:
-        rates = _sweep_dtype(r, dtype, sizes, torch)
+        all_rates[dtype] = rates = _sweep_dtype(r, dtype, sizes, torch)
         cliff = _findings(r, dtype, sizes, rates, torch)
         if cliff is not None:
             cliffs[dtype] = cliff
+    _mechanism(r, sizes, dtypes, all_rates)
     if "float16" in cliffs:
         held, why = claim_verdict(cliffs["float16"])
         r.claim("misaligned float16 dimensions fall back to CUDA cores: a 16x penalty",
@@ -258,7 +336,8 @@ def plot(result: Any, ax: Any) -> None:
     # Sizes side by side, evenly spaced: on a linear n axis 4095..4104 would
     # stack into one column beside 8191.
     sizes = sorted({row["size"] for row in result.rows})
-    aligned = {row["size"]: row["aligned"] for row in result.rows}
+    # The swept dtypes' rows say which sizes are aligned (the float32 row is 4-aligned).
+    aligned = {row["size"]: row["aligned"] for row in result.rows if row["dtype"] in DTYPES}
     for i, dtype in enumerate(dict.fromkeys(row["dtype"] for row in result.rows)):
         for key, style in styles.items():
             pts = sorted((row["size"], row["tflops"]) for row in result.rows

@@ -17,6 +17,7 @@ NumPy in float64.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -48,7 +49,34 @@ WHAT = {
 }
 
 
+# The first call measured two ways: the lesson's first matmul of this size in
+# this process (main thread), and the first on a fresh cuBLAS handle: cudalab
+# keeps one handle (with a 32 MiB workspace and a plan cache) per thread, so a
+# new thread's first matmul creates them. Neither pays what the process paid
+# before (its context, cuBLAS's kernels already loaded).
+FIRST_LESSON = "first call (this lesson)"
+FIRST_HANDLE = "first call (fresh cuBLAS handle)"
+FIRST_WHAT = {
+    FIRST_LESSON: "host clock + synchronize around the lesson's first matmul of this size",
+    FIRST_HANDLE: "host clock + synchronize around a new thread's first matmul: a new cuBLAS "
+                  "handle, workspace and algorithm choice",
+}
+# A first call this many times the warmed time carries setup worth naming.
+FIRST_CALL_SLOW = 1.5
+
+
 # ---- pure decisions ---------------------------------------------------------------------
+
+
+def first_call_text(what: str, first_s: float, warm_s: float) -> str:
+    """What one un-warmed call's time says against the warmed median (host clock + synchronize)."""
+    x = first_s / warm_s
+    if x >= FIRST_CALL_SLOW:
+        return (f"{what} took {first_s * 1e3:.2f} ms against a warmed {warm_s * 1e3:.3f} ms "
+                f"({x:.1f}x): a single un-warmed timing measures the setup "
+                f"({(first_s - warm_s) * 1e3:.2f} ms), not the op")
+    return (f"{what} took {first_s * 1e3:.2f} ms against a warmed {warm_s * 1e3:.3f} ms "
+            f"({x:.2f}x): the setup was already paid or is small beside this matmul")
 
 
 def verdict(ratio: float) -> str:
@@ -102,6 +130,41 @@ def _loop(fn: Callable[[], Any], calls: int) -> list[float]:
         cudalab.synchronize()
         times.append((time.perf_counter() - t0) / calls)
     return times
+
+
+def _first_in_thread(fn: Callable[[], Any], device: int) -> float:
+    """Host seconds of fn() + synchronize as the first call of a new thread."""
+    out: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            cudalab.set_device(device)
+            t0 = time.perf_counter()
+            fn()
+            cudalab.synchronize()
+            out["s"] = time.perf_counter() - t0
+        except BaseException as exc:  # re-raised in the lesson's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=work, name="cudalab-timing-first-call")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["s"]
+
+
+def _first_calls(r: LessonRun, fn: Callable[[], Any], first_s: float) -> None:
+    """Record the two first calls beside the warmed host clock + synchronize."""
+    handle_s = _first_in_thread(fn, cudalab.current_device())
+    warm = r.measurements["host clock + synchronize"]
+    for label, seconds in ((FIRST_LESSON, first_s), (FIRST_HANDLE, handle_s)):
+        r.add(host_measurement([seconds], calls=1, label=label, host_time=False,
+                               timer=FIRST_WHAT[label]), label)
+        r.row(impl="cudalab", method=label, ms=seconds * 1e3, ratio_to_bench=seconds
+              / r.measurements["cudalab.bench"].median, samples=1, what=FIRST_WHAT[label])
+        text = first_call_text(label, seconds, warm.median)
+        r.finding(text[0].upper() + text[1:], value=seconds / warm.median, unit="x", labels=(label, warm.label))
 
 
 def _synced(fn: Callable[[], Any]) -> Callable[[], None]:
@@ -192,10 +255,16 @@ def run(r: LessonRun) -> None:
     n, dtype = p["size"], p["dtype"]
     a = cudalab.random.normal((n, n), dtype=dtype, seed=15)
     b = cudalab.random.normal((n, n), dtype=dtype, seed=16)
-    _check(r, a, b, dtype)
     fn = functools.partial(cudalab.matmul, a, b, precision="highest")
+    cudalab.synchronize()  # the inputs are made: time the matmul alone
+    t0 = time.perf_counter()
+    fn()
+    cudalab.synchronize()
+    first_s = time.perf_counter() - t0
+    _check(r, a, b, dtype)
     ms = _methods(r, "cudalab", fn, 2.0 * n ** 3)
     _findings(r, ms)
+    _first_calls(r, fn, first_s)
     torch = r.torch()
     if torch is not None:
         ta = torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype))
