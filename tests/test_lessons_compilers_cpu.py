@@ -218,6 +218,22 @@ def test_tolerances_cover_every_precision():
     assert set(C.MLP_LOSS_TOL) == set(C.MLP_PRECISIONS)
 
 
+def test_compiling_uses_every_core_then_restores_and_resets(monkeypatch):
+    import os
+    import sys
+
+    config = types.SimpleNamespace(compile_threads=3)
+    resets = []
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
+    monkeypatch.setitem(sys.modules, "torch._dynamo",
+                        types.SimpleNamespace(reset=lambda: resets.append(1)))
+    with pytest.raises(RuntimeError, match="inside"):
+        with C.compiling(None):
+            assert config.compile_threads == (os.cpu_count() or 1)
+            raise RuntimeError("inside")
+    assert config.compile_threads == 3 and resets == [1]
+
+
 # ---- rows, findings and claims from given numbers ---------------------------------------------
 
 

@@ -757,7 +757,7 @@ def run(r: LessonRun) -> None:
             notes.append(f"{name}: {why}" + ("" if ok or module in cfg["resnet_modes"]
                                              else " (not asked for in resnet_modes)"))
     notes.append(left_out_text(cfg["resnet_modes"], cfg["mlp_modes"], r.quick))
-    for text in notes:
+    for text in dict.fromkeys(notes):  # a missing compiler is said once, not per batch
         r.finding(text)
     _claims(r, variants, cfg)
 
