@@ -11,6 +11,7 @@ tests/test_nn_loader_gpu.py.
 from __future__ import annotations
 
 import inspect
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -59,11 +60,11 @@ def test_exported_with_a_docstring_and_keyword_only_options():
     assert "ArrayLoader" in nn.__all__ and nn.ArrayLoader.__module__ == "cudalab.nn.loader"
     doc = inspect.getdoc(nn.ArrayLoader)
     assert doc.startswith("ArrayLoader(x, labels, batch_size, *, shuffle=False, seed=0, "
-                          "drop_last=True, prefetch=2, pinned=True)")
+                          "drop_last=True, prefetch=2, pinned=True, workers=0)")
     assert "Parameters\n----------" in doc
     params = inspect.signature(nn.ArrayLoader).parameters
     assert list(params) == ["x", "labels", "batch_size", "shuffle", "seed", "drop_last",
-                            "prefetch", "pinned"]
+                            "prefetch", "pinned", "workers"]
     assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in list(params)[3:])
     assert inspect.getdoc(nn.ArrayLoader.order).startswith("order(epoch)")
     assert inspect.getdoc(nn.TeacherData.to_host).startswith("to_host()")
@@ -96,6 +97,9 @@ X, Y = np.ones((10, 3), np.float32), np.zeros(10, np.int64)
     ((X, Y, 2), {"prefetch": -1}, ValueError, "prefetch", ">= 0"),
     ((X, Y, 2), {"prefetch": 1.5}, TypeError, "prefetch", "int"),
     ((X, Y, 2), {"pinned": None}, TypeError, "pinned", "bool"),
+    ((X, Y, 2), {"workers": -1}, ValueError, "workers", ">= 0"),
+    ((X, Y, 2), {"workers": 2.0}, TypeError, "workers", "int"),
+    ((X, Y, 2), {"workers": True}, TypeError, "workers", "int"),
 ])
 def test_argument_errors(args, kwargs, exc, param, match):
     with assert_arg_error(exc, "ArrayLoader", param, match):
@@ -115,7 +119,7 @@ def test_accepted_arguments_and_repr():
     assert len(loader) == 1 and loader.epoch == 0
     assert repr(loader) == ("ArrayLoader(x=(10, 3) float32, labels=(10,) int64, batch_size=11, "
                             "shuffle=False, seed=18446744073709551615, drop_last=False, "
-                            "prefetch=0, pinned=False)")
+                            "prefetch=0, pinned=False, workers=0)")
 
 
 @pytest.mark.parametrize("n,bs,drop_last,want", [
@@ -252,3 +256,73 @@ def test_an_abandoned_epoch_leaves_the_next_one_whole(fake, data):
     got = _epoch(loader)
     order = loader.order(1)
     assert len(got) == N // 4 and np.array_equal(got[2][0], x[order[8:12]])
+
+
+# ---- workers: the gathers in threads ---------------------------------------------------------
+
+
+def _worker_threads():
+    return [t for t in threading.enumerate() if t.name.startswith(feeding.WORKER_THREAD_NAME)]
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_workers_hand_out_the_same_batches_in_order(fake, data, pinned, prefetch, workers):
+    x, y = data
+    loader = nn.ArrayLoader(x, y, 3, shuffle=True, seed=4, prefetch=prefetch, pinned=pinned,
+                            workers=workers, drop_last=False)
+    serial = nn.ArrayLoader(x, y, 3, shuffle=True, seed=4, prefetch=prefetch, pinned=pinned,
+                            drop_last=False)
+    for _ in range(2):
+        got, want = _epoch(loader), _epoch(serial)
+        assert len(got) == len(want) == 8
+        for (gx, gy), (wx, wy) in zip(got, want):
+            assert np.array_equal(gx, wx) and np.array_equal(gy, wy)
+    assert _worker_threads() == []  # every epoch's threads ended with it
+
+
+@pytest.mark.parametrize("prefetch,workers", [(0, 1), (1, 2), (2, 3)])
+def test_workers_get_a_ring_slot_each_and_refill_none_before_its_copy(fake, data, prefetch,
+                                                                      workers):
+    api, made = fake
+    x, y = data
+    loader = nn.ArrayLoader(x, y, 2, prefetch=prefetch, workers=workers)
+    slots = prefetch + workers + 1
+    got = _epoch(loader)
+    assert len(made) == 2 * slots  # x and labels per slot, allocated once
+    for k, (gx, gy) in enumerate(got):  # a slot refilled too early would change a batch
+        assert np.array_equal(gx, x[2 * k:2 * k + 2]) and np.array_equal(gy, y[2 * k:2 * k + 2])
+    if prefetch:  # each refill waited for the copy that last read the slot
+        records = [r[2] for r in _log(api, "record")]
+        assert [e[1] for e in _log(api, "sync")] == records[:len(got) - slots]
+
+
+def test_worker_threads_end_when_an_epoch_is_dropped(fake, data):
+    loader = nn.ArrayLoader(*data, 2, workers=3)
+    it = iter(loader)
+    next(it)
+    assert 1 <= len(_worker_threads()) <= 3
+    del it
+    assert _worker_threads() == []
+
+
+def test_a_gather_that_fails_raises_in_the_consumer_at_its_batch(fake, data, monkeypatch):
+    x, y = data
+    loader = nn.ArrayLoader(x, y, 2, workers=2, prefetch=1)
+    gather = loader._gather
+
+    def failing(task):
+        if task[0] == 6:  # the fourth batch
+            raise KeyError("bad sample")
+        return gather(task)
+
+    monkeypatch.setattr(loader, "_gather", failing)
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]  # the batches before the failed one all come out
+    with pytest.raises(KeyError, match="bad sample"):
+        next(it)
+    assert [gx.get()[0, 0] for gx, _ in got] == [x[0, 0], x[2, 0], x[4, 0]]
+    assert _worker_threads() == []
+    with pytest.raises(StopIteration):  # and the epoch is over
+        next(it)

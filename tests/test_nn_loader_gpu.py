@@ -11,12 +11,17 @@
   sees the batch; the batch's memory outlives the consumer's work on it; a
   later batch's copy completes while the consumer's stream is still busy
   (the uploads do not queue behind the consumer's work).
+* Workers: with ``workers=N`` threads gathering, the batches are the same
+  (values and order), the ring has ``prefetch + workers + 1`` slots, and no
+  worker thread outlives its epoch, also behind a busy consumer stream.
 * TeacherData.to_host() holds TeacherData's batches; training with
   nn.train_step fed by the loader makes the loss fall, on the default and on
   a non-default current stream.
 """
 
 from __future__ import annotations
+
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -26,6 +31,7 @@ from _support import random_array
 import cudalab
 import cudalab.nn as nn
 from cudalab import _core
+from cudalab import prefetch as feeding
 from cudalab.prefetch import Prefetcher
 
 pytestmark = pytest.mark.gpu
@@ -139,6 +145,44 @@ def test_the_staging_ring_is_allocated_once(rng, pinned_allocations, prefetch):
     assert {(s, d) for s, d, _ in pinned_allocations} == {((8, F), np.dtype(np.float16)),
                                                           ((8,), np.dtype(np.int32))}
     assert all(cudalab.is_pinned(a) for _, _, a in pinned_allocations)
+
+
+@pytest.mark.parametrize("workers,prefetch", [(1, 0), (2, 1), (4, 3), (3, 2)])
+def test_workers_ring_and_batches(rng, pinned_allocations, workers, prefetch):
+    x = _strided(rng, (N, F), np.float32)
+    y = rng.integers(0, 13, N).astype(np.int64)
+    loader = nn.ArrayLoader(x, y, 9, shuffle=True, seed=31, prefetch=prefetch, workers=workers,
+                            drop_last=False)
+    for epoch in range(2):
+        _assert_epoch(loader, _epoch(loader), epoch)   # the whole epoch held, then read
+    assert len(pinned_allocations) == 2 * (prefetch + workers + 1)
+    assert not [t for t in threading.enumerate()
+                if t.name.startswith(feeding.WORKER_THREAD_NAME)]
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_workers_give_the_serial_batches(rng, pinned, workers):
+    x = _strided(rng, (N, 5, 3), ml_dtypes.bfloat16)
+    y = random_array(rng, (N,), np.int32)
+    for shuffle in (False, True):
+        loader = nn.ArrayLoader(x, y, 12, shuffle=shuffle, pinned=pinned, workers=workers)
+        _assert_epoch(loader, _epoch(loader), 0)
+
+
+def test_workers_behind_a_busy_consumer_stream(rng):
+    x = random_array(rng, (2048 + 7, 1021), np.float32)
+    y = rng.integers(0, 3, len(x)).astype(np.int64)
+    loader = nn.ArrayLoader(x, y, 512, shuffle=True, prefetch=2, workers=3)
+    got = []
+    for xb, yb in loader:
+        keep = _busy(reps=4)      # the consumer's stream stays busy while refills are due
+        got.append((cudalab.add(xb, 0.0), yb, keep))
+    cudalab.synchronize()
+    rows = _rows(loader, 0)
+    for k, ((xb, yb, _), r) in enumerate(zip(got, rows)):
+        _assert_same(xb.get(), x[r], f"x of batch {k}")
+        _assert_same(yb.get(), y[r], f"labels of batch {k}")
 
 
 def test_pageable_loading_allocates_no_pinned_memory(rng, pinned_allocations):

@@ -170,3 +170,146 @@ def test_prefetcher_with_a_ring_refills_a_buffer_only_after_its_copy():
     records = [r[2] for r in _log(api, "record")]
     syncs = [e[1] for e in _log(api, "sync")]
     assert syncs == records[:8 - 3]
+
+
+# ---- workers: host preparation in threads ----------------------------------------------------
+
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from cudalab.prefetch import WORKER_THREAD_NAME, HostWorkers  # noqa: E402
+
+
+def _worker_threads():
+    return [t for t in threading.enumerate() if t.name.startswith(WORKER_THREAD_NAME)]
+
+
+@pytest.mark.parametrize("workers,exc", [(0, ValueError), (-2, ValueError), (2.0, TypeError),
+                                         (True, TypeError)])
+def test_host_workers_count_checked(workers, exc):
+    with assert_arg_error(exc, "HostWorkers", "workers"):
+        HostWorkers([], abs, workers)
+
+
+def test_host_workers_prepare_checked():
+    with assert_arg_error(TypeError, "HostWorkers", "prepare", "callable, got int"):
+        HostWorkers([], 3, 1)
+
+
+@pytest.mark.parametrize("workers,exc,match", [
+    (-1, ValueError, ">= 0"), (1.5, TypeError, "int"), (None, TypeError, "int")])
+def test_prefetcher_workers_checked(workers, exc, match):
+    with assert_arg_error(exc, "Prefetcher", "workers", match):
+        Prefetcher([], workers=workers, prepare=abs, calls=standin._FakeApi())
+
+
+def test_prefetcher_workers_need_prepare_and_prepare_must_be_callable():
+    with assert_arg_error(ValueError, "Prefetcher", "workers", r"workers=2 needs prepare="):
+        Prefetcher([], workers=2, calls=standin._FakeApi())
+    with assert_arg_error(TypeError, "Prefetcher", "prepare", "callable, got str"):
+        Prefetcher([], prepare="x", calls=standin._FakeApi())
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_host_workers_keep_the_order_and_stay_at_most_workers_ahead(workers):
+    read, lock, running, peak = [], threading.Lock(), [0], [0]
+    rng = np.random.default_rng(workers)
+    delays = rng.uniform(0, 2e-3, 20)  # later items often finish first
+
+    def items():
+        for i in range(20):
+            read.append(i)
+            yield i
+
+    def prepare(i):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(delays[i])
+        with lock:
+            running[0] -= 1
+        return i * i
+
+    it = HostWorkers(items(), prepare, workers)
+    assert len(read) == min(workers, 20)  # started at once, a bounded number
+    got = []
+    for k, value in enumerate(it):
+        got.append(value)
+        assert len(read) <= min(k + 1 + workers, 20)
+    assert got == [i * i for i in range(20)] and peak[0] <= workers
+    assert it.closed and _worker_threads() == []
+
+
+def test_host_workers_run_in_parallel():
+    barrier = threading.Barrier(3, timeout=10)  # passes only with 3 tasks running at once
+    assert list(HostWorkers(range(6), lambda i: (barrier.wait(), i)[1], 3)) == list(range(6))
+
+
+def test_host_workers_raise_a_failure_in_order_and_stop():
+    def prepare(i):
+        if i == 3:
+            raise ZeroDivisionError("item 3")
+        return i
+
+    it = HostWorkers(range(10), prepare, 2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ZeroDivisionError, match="item 3"):
+        next(it)
+    assert it.closed and _worker_threads() == []
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_host_workers_end_their_threads_when_closed_or_dropped():
+    gate = threading.Event()
+    it = HostWorkers(range(100), lambda i: gate.wait(10) and i, 4)
+    assert len(_worker_threads()) == 4
+    gate.set()
+    assert next(it) == 0
+    it.close()
+    assert it.closed and _worker_threads() == []
+    it.close()  # again: nothing to do
+    it = HostWorkers(range(100), lambda i: i, 3)
+    next(it)
+    del it
+    assert _worker_threads() == []
+
+
+def test_host_workers_an_empty_source():
+    it = HostWorkers([], abs, 2)
+    assert list(it) == [] and it.closed
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+@pytest.mark.parametrize("workers", [0, 1, 2, 4])
+def test_prefetcher_with_workers_delivers_prepared_batches_in_order(ahead, workers):
+    api = standin._FakeApi()
+    got = Prefetcher(range(9), ahead=ahead, calls=api, workers=workers,
+                     prepare=lambda i: (i, np.full(3, i, np.float32)))
+    values = [(i, b.get()[0]) for i, b in got]
+    assert values == [(i, float(i)) for i in range(9)]
+    assert _log(api, "upload") == [("upload", ahead > 0)] * 9
+    assert _worker_threads() == []
+
+
+def test_prefetcher_raises_a_failed_batch_at_its_turn():
+    def batches():
+        yield np.ones(2)
+        yield np.ones(2)
+        raise OSError("disk gone")
+
+    it = Prefetcher(batches(), ahead=3, calls=standin._FakeApi())  # all preloaded at once
+    assert len([next(it), next(it)]) == 2
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_prefetcher_close_ends_its_workers():
+    it = Prefetcher(range(50), ahead=1, calls=standin._FakeApi(), workers=3,
+                    prepare=lambda i: np.full(2, i))
+    next(it)
+    assert _worker_threads()
+    it.close()
+    assert _worker_threads() == []

@@ -14,12 +14,22 @@ that the profiler's op total matches the same steps timed whole with CUDA
 events (a profile is only useful if it accounts for the time), and that the
 step's loss, gradients and AdamW update equal a float64 NumPy step's.
 PyTorch runs the same MLP from the same weights on the same batch beside it.
+
+Every cudalab op and ``record_function`` range is also an NVTX range (domain
+``cudalab``) when Nsight Systems or Nsight Compute is attached. The lesson
+says whether ``nsys`` and ``ncu`` are on the PATH and the command to use;
+with ``nsys=True`` (off by default) it runs a tiny training step under
+``nsys profile`` in a subprocess and reports the kernels ``nsys stats`` saw.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
@@ -82,6 +92,32 @@ TORCH_LOSS_TOL = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 3e-2}
 # fp16's loss scaler starts where PyTorch's does; the scale grows after this many clean steps.
 INIT_SCALE = 2.0**16
 GROWTH_INTERVAL = 2000
+
+# Nsight: the command lines the lesson shows, and the optional run under nsys.
+NSYS_COMMAND = ("nsys profile -t cuda,nvtx -o cudalab_profiling "
+                "python -m cudalab lesson profiling --quick")
+NCU_COMMAND = ('ncu --nvtx --nvtx-include "cudalab@train step/" -c 20 -o cudalab_kernels '
+               "python -m cudalab lesson profiling --quick")
+# nsys stats report names: current releases first, then the names before 2023.
+KERNEL_REPORTS = ("cuda_gpu_kern_sum", "gpukernsum")
+NSYS_TIMEOUT_S = 300
+# The tiny step profiled under nsys: CHECK_SIZES, a few steps each in a "train step" range.
+NSYS_STEPS = 3
+NSYS_SCRIPT = f"""\
+import cudalab, numpy as np
+from cudalab import nn
+from cudalab.profiler import record_function
+sizes = {CHECK_SIZES!r}
+model = nn.MLP(sizes, "gelu", seed=0)
+opt = nn.AdamW(model.parameters(), lr=1e-3)
+rng = np.random.default_rng(0)
+x = cudalab.asarray(rng.standard_normal(({CHECK_BATCH}, sizes[0])).astype(np.float32))
+labels = cudalab.asarray(rng.integers(0, sizes[-1], {CHECK_BATCH}))
+for _ in range({NSYS_STEPS}):
+    with record_function("train step"):
+        nn.train_step(model, opt, x, labels, "fp32")
+cudalab.synchronize()
+"""
 
 ROW_KEYS = ("kind", "impl", "op", "category", "calls_per_step", "gpu_ms_per_step", "gpu_pct",
             "host_ms_per_step", "tflops", "gbps")
@@ -185,6 +221,43 @@ def trace_counts(doc: Mapping[str, Any]) -> tuple[int, int]:
             sum(e.get("cat") == "gpu_op" for e in events))
 
 
+def nsight_text(tools: Mapping[str, str | None]) -> str:
+    """Which Nsight tools are on the PATH (name -> path or None), and how to use them."""
+    nsys, ncu = tools.get("nsys"), tools.get("ncu")
+    found = [f"{name} at {path}" for name, path in (("nsys", nsys), ("ncu", ncu)) if path]
+    head = ("Nsight: " + (", ".join(found) + " found" if found else "neither nsys nor ncu is on "
+                          "the PATH") + ". ")
+    ranges = ("every cudalab op (linear, cross_entropy, adamw, ...) and every record_function "
+              "range ('train step') is an NVTX range of the 'cudalab' domain once a tool is "
+              "attached")
+    how = (f"the timeline of the same step: `{NSYS_COMMAND}` ({ranges}); one kernel's "
+           f"metrics: `{NCU_COMMAND}`")
+    return head + ("Run " if found else "With Nsight installed, ") + how
+
+
+def kernel_summary(text: str) -> tuple[int, int, float] | None:
+    """(kernel names, launches, total GPU ns) from `nsys stats` CSV output, or None.
+
+    The CSV table may follow other lines (nsys prints what it processes); its header
+    holds 'Instances' and 'Total Time (ns)'.
+    """
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines)
+                  if "Instances" in line and "Total Time" in line), None)
+    if start is None:
+        return None
+    rows = list(csv.DictReader(line for line in lines[start:] if line.strip()))
+    total_key = next((k for k in rows[0] if k.startswith("Total Time")), None) if rows else None
+    if total_key is None:
+        return None
+    try:
+        launches = sum(int(float(r["Instances"])) for r in rows)
+        total = sum(float(r[total_key]) for r in rows)
+    except (TypeError, ValueError, KeyError):
+        return None
+    return len(rows), launches, total
+
+
 def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
     """(the MLP's sizes, the precision) from the params; ValueError on a bad one."""
     sizes = T.check_sizes("profiling", p)
@@ -198,6 +271,7 @@ def check_params(p: Mapping[str, Any]) -> tuple[tuple[int, ...], str]:
     trace = p["trace_path"]
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
         raise ValueError(f"lesson 'profiling': trace_path must be None or a path, got {trace!r}")
+    P.bools("profiling", p, "nsys")
     P.seed("profiling", p)
     return sizes, p["precision"]
 
@@ -405,7 +479,7 @@ def _trace_path(p: Mapping[str, Any]) -> str:
              "optimization guide: PyTorch Profiler with CUDA",
         params={"in_features": 1024, "hidden": (4096, 4096), "classes": 1024, "batch": 4096,
                 "precision": "bf16", "lr": 1e-4, "warmup_steps": 3, "steps": 10, "top_ops": 10,
-                "trace_path": None, "seed": 0},
+                "trace_path": None, "nsys": False, "seed": 0},
         quick_params={"hidden": (2048, 2048), "steps": 3},
         check=check_params)
 def run(r: LessonRun) -> None:
@@ -441,6 +515,53 @@ def run(r: LessonRun) -> None:
     torch = r.torch()
     if torch is not None:
         _torch_step(r, torch, sizes, (x, labels), first_loss, m)
+    _nsight(r)
+
+
+def _nsight(r: LessonRun) -> None:
+    """Which Nsight tools exist; with nsys=True, a tiny step under nsys and its kernels."""
+    tools = {name: shutil.which(name) for name in ("nsys", "ncu")}
+    r.finding(nsight_text(tools))
+    if not r.params["nsys"]:
+        return
+    if tools["nsys"] is None:
+        r.finding("nsys=True but nsys is not on the PATH: nothing was run under it")
+        return
+    r.finding(_run_nsys(tools["nsys"]))
+
+
+def _run_nsys(nsys: str) -> str:
+    """Profile NSYS_SCRIPT under nsys in a subprocess; what `nsys stats` says of its kernels."""
+    folder = tempfile.mkdtemp(prefix="cudalab_nsys_")
+    script = os.path.join(folder, "tiny_step.py")
+    with open(script, "w") as f:
+        f.write(NSYS_SCRIPT)
+    report = os.path.join(folder, "tiny_step")
+    profile = [nsys, "profile", "-t", "cuda,nvtx", "--force-overwrite", "true", "-o", report,
+               sys.executable, script]
+    try:
+        subprocess.run(profile, capture_output=True, text=True, check=True,
+                       timeout=NSYS_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nsys profile of a tiny training step failed ({type(exc).__name__}: {exc})"
+    for name in KERNEL_REPORTS:
+        try:
+            done = subprocess.run([nsys, "stats", "--report", name, "--format", "csv",
+                                   "--output", "-", report + ".nsys-rep"],
+                                  capture_output=True, text=True, check=True,
+                                  timeout=NSYS_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        summary = kernel_summary(done.stdout)
+        if summary is not None:
+            kinds, launches, total_ns = summary
+            return (f"under nsys, {NSYS_STEPS} fp32 training steps of the MLP "
+                    f"{'-'.join(map(str, CHECK_SIZES))} on {CHECK_BATCH} rows ran {launches} "
+                    f"kernels ({kinds} distinct) for {total_ns * 1e-3:.1f} us of GPU time "
+                    f"(`nsys stats --report {name}`); the report is {report}.nsys-rep, its "
+                    f"NVTX ranges are the ops and the 'train step' ranges")
+    return (f"nsys profiled the tiny step ({report}.nsys-rep) but `nsys stats` gave no "
+            f"kernel table this lesson could read (tried {', '.join(KERNEL_REPORTS)})")
 
 
 def _torch_step(r: LessonRun, torch: Any, sizes: tuple[int, ...], batch: tuple[Any, Any],
