@@ -318,3 +318,95 @@ def test_notebook_text_has_its_parts_and_real_calls():
         assert call in text, call
     assert "finally:" in text  # the notebook puts torch's flags back too
     assert (REPO_ROOT / "notebooks/29_determinism.ipynb").exists()
+
+
+# ---- rows, findings and claims from stand-in results -------------------------------------------
+
+
+def _stand_ins(r):
+    """What run() hands to _rows, _findings and _claims, with measurements recorded in `r`."""
+    def add(label, median):
+        return r.add(fake_measurement(label, median=median), label)
+
+    ops = [*D.REDUCTIONS, "softmax", *(f"matmul {m}" for m in D.MATMUL_MODES), D.MLP]
+    ours = {op: _tally(1, 1, 1) for op in ops}
+    same = {"tallies": {op: _tally(1, 1, 1) for op in ops}, "matmul_det": "uses CuBLAS"}
+    settings = {op: {"default": _tally(1, 2, 3), "deterministic": _tally(1, 1, 1),
+                     "default_m": add(f"torch {op}", 1e-5),
+                     "deterministic_m": add(f"torch {op} deterministic", 2e-5)}
+                for op in D.ATOMIC_OPS}
+    settings[D.CONV_GRAD] = {"default": _tally(1, 1, 1), "deterministic": "no kernel",
+                             "default_m": add(f"torch {D.CONV_GRAD}", 1e-4),
+                             "deterministic_m": None}
+    tuned = {name: {"first": add(f"torch conv2d first call benchmark {name}", first),
+                    "steady": add(f"torch conv2d benchmark {name}", per_call),
+                    "per_call": per_call}
+             for name, first, per_call in (("off", 0.01, 1.3e-4), ("on", 0.1, 1e-4))}
+    fused = {k: add(f"mlp step {k}", v) for k, v in
+             {"first": 5e-3, "cached": 1e-3, "auto": 1e-3, "fused": 1e-3, "split": 1.4e-3}.items()}
+    fused.update(problems=4, choices=1)
+    return ours, same, settings, tuned, fused
+
+
+def test_rows_findings_and_claims_from_stand_in_results():
+    import json
+
+    from cudalab.lessons.registry import LessonRun
+
+    x = lessons.get("determinism")
+    r = LessonRun(x, x.defaults(True), True)
+    ours, same, settings, tuned, fused = _stand_ins(r)
+    D._rows(r, ours, same, settings, tuned, fused)
+    D._findings(r, ours, (False, 1e-6), same, settings, tuned, fused)
+    D._claims(r, settings, tuned, fused)
+    assert all(set(row) == set(D.ROW_KEYS) for row in r.rows)
+    assert json.loads(json.dumps(r.rows)) == r.rows
+    det = {(row["op"], row["setting"]): row for row in r.rows if row["impl"] == "torch"}
+    assert det[("index_add_", "deterministic")]["vs_default"] == pytest.approx(2.0)
+    assert det[("matmul fp32", "deterministic")]["note"] == "refused: uses CuBLAS"
+    assert det[("conv2d", "benchmark on")]["first_call_ms"] == pytest.approx(100.0)
+    texts = [f.text for f in r.findings]
+    assert texts[0].startswith("cudalab sum, mean, max: bitwise identical in 3 of 3 runs each")
+    assert any(t.startswith("CUBLAS_WORKSPACE_CONFIG") for t in texts)
+    assert any("refuses it: no kernel" in t for t in texts)
+    held = {c.claim.split(" (")[0].split(":")[0]: c.held for c in r.claims}
+    assert held == {"cudnn.benchmark = True speeds up convolutions with fixed input sizes": True,
+                    "cudnn.deterministic = True": False,
+                    "Deterministic algorithms cost speed": True,
+                    "Autotuning": True}
+
+
+def test_without_torch_only_cudalab_speaks():
+    from cudalab.lessons.registry import LessonRun
+
+    x = lessons.get("determinism")
+    r = LessonRun(x, x.defaults(True), True)
+    ours, _, _, _, fused = _stand_ins(r)
+    D._rows(r, ours, None, None, None, fused)
+    D._findings(r, ours, (True, 0.0), None, None, None, fused)
+    D._claims(r, None, None, fused)
+    assert {row["impl"] for row in r.rows} == {"cudalab"}
+    assert not any("torch" in f.text for f in r.findings)
+    assert [c.claim.split(" (")[0][:10] for c in r.claims] == ["Autotuning"]
+
+
+class _Axes:
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *a, **k: self.calls.append((name, a, k))
+
+
+def test_plot_draws_the_tallied_rows_only():
+    from cudalab.lessons.registry import LessonRun
+
+    x = lessons.get("determinism")
+    r = LessonRun(x, x.defaults(True), True)
+    ours, same, settings, tuned, fused = _stand_ins(r)
+    D._rows(r, ours, same, settings, tuned, fused)
+    ax = _Axes()
+    D.plot(types.SimpleNamespace(rows=tuple(r.rows)), ax)
+    [(_, (ys, widths), _)] = [c for c in ax.calls if c[0] == "barh"]
+    tallied = [row for row in r.rows if row["part"] == "repeat" and row["distinct"] is not None]
+    assert list(widths) == [row["distinct"] for row in tallied] and len(ys) == len(tallied)
