@@ -20,7 +20,9 @@ may mix them freely.
 
 ``set_gelu_fusion("fused" | "split" | "auto")`` forces one form (for
 experiments and tests) or restores the measurement; :func:`decisions` shows
-what was measured.
+what was measured and :func:`forget` drops it, so that every problem is
+measured again on its next call (what the first call's measurement costs, or a
+fresh choice after the clocks or the load changed).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Callable, Hashable
 
 from .. import _core
 
-__all__ = ["MODES", "decisions", "get_gelu_fusion", "set_gelu_fusion", "use_fused"]
+__all__ = ["MODES", "decisions", "forget", "get_gelu_fusion", "set_gelu_fusion", "use_fused"]
 
 MODES = ("auto", "fused", "split")
 # Calls timed per form, after one untimed call (plans, caches).
@@ -60,6 +62,16 @@ def get_gelu_fusion() -> str:
 def decisions() -> dict[Hashable, dict[str, float | bool]]:
     """Every measured problem: ``{key: {"fused": bool, "fused_ms": t, "split_ms": t}}``."""
     return {k: {"fused": f, "fused_ms": a, "split_ms": b} for k, (f, a, b) in _measured.items()}
+
+
+def forget() -> None:
+    """forget() -> None
+
+    Drop every measured decision: in "auto" mode each problem is measured
+    again the next time it runs outside a capture (that call synchronizes).
+    The mode itself is kept.
+    """
+    _measured.clear()
 
 
 def _time_ms(fn: Callable[[], object]) -> float:
