@@ -10,9 +10,18 @@ steps, the scale after every step) once, at the end: the scaler never makes
 the host wait during training. What a scaler that does make it wait costs is
 measured too: the same fp16 loop with ``scaler.get_scale()`` after every step
 against the sync-free loop (host clock around the loop and a synchronize).
+
+One of the guides' AMP loops omits ``optimizer.zero_grad()``: in PyTorch the
+gradients then add up across steps, and the loop trains wrong without an
+error. Where torch is installed the lesson runs that loop beside the correct
+one from the same weights and reports the gradient norms and losses.
+cudalab.nn cannot make this mistake silently: ``MLP.backward`` overwrites the
+gradients unless ``accumulate=True``, which the lesson checks.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from typing import Any, Callable, Mapping, Sequence
 
@@ -48,6 +57,13 @@ NUMPY_TOL = 1e-4
 # torch's fp32 first loss against ours (true float32 GEMMs on both sides).
 TORCH_TOL = 1e-4
 HOST_REPEATS = {True: 3, False: 5}
+# The seed's loop without zero_grad runs at most this many steps beside the correct one.
+ZERO_GRAD_STEPS = 50
+# Without zero_grad the loop "trains the same" when its last gradient norm is within this
+# factor of the correct loop's and its final loss within LOSS_CLOSE.
+ZERO_GRAD_SAME = 1.1
+# cudalab: a batch's grads after another batch's backward vs its own grads (max relative).
+OVERWRITE_TOL = 1e-6
 # PyTorch's initial loss scale, used by both scalers.
 INIT_SCALE = 2.0**16
 LOOP_TIMER = "host clock around the loop of steps + synchronize, per step"
@@ -112,6 +128,21 @@ def sync_text(free_s: float, synced_s: float) -> str:
         return (head + f", {cost * 1e6:.0f} us ({ratio:.2f}x) per step: the host waits for the "
                 f"GPU and the GPU then waits for the next launches")
     return (head + f" ({ratio:.2f}x): the GPU work per step hides the round trip at this size")
+
+
+def zero_grad_text(name: str, norm_ratio: float, loss_gap_: float, skipped: tuple[int, int],
+                   steps: int) -> str:
+    """One sentence on the loop without zero_grad against the correct one (last gradient
+    norm ratio, final-loss gap, skipped steps with and without zero_grad)."""
+    head = (f"torch {name}, {steps} steps without optimizer.zero_grad(): last gradient norm "
+            f"{norm_ratio:.3g}x the correct loop's, final loss {loss_gap_:.1%} away")
+    if skipped[1] > skipped[0]:
+        head += (f", {skipped[1]} steps skipped (vs {skipped[0]}): an overflowed gradient "
+                 f"stays in .grad, so every later step finds inf")
+    if not np.isfinite(norm_ratio) or norm_ratio >= ZERO_GRAD_SAME or loss_gap_ > LOSS_CLOSE:
+        return head + ": the gradients add up across steps and the loop trains wrong, silently"
+    return (head + ": hidden here (unscale_ divides the leftover gradients by the scale at "
+            "every step), but the loop is still wrong")
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -230,6 +261,86 @@ def _torch_one(r: LessonRun, torch: Any, sizes: tuple[int, ...], tb: Sequence[tu
     return out
 
 
+def _seed_loop(torch: Any, twin: Any, opt: Any, scaler: Any, precision: str,
+               zero_grad: bool) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """The guides' AMP step, with or without ``opt.zero_grad()``: ``step(x, labels)`` ->
+    (loss, the gradient norm the optimizer steps with), both on the device."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    ce = torch.nn.functional.cross_entropy
+    params = list(twin.parameters())
+
+    def norm() -> Any:
+        return torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(q.grad.float()) for q in params if q.grad is not None]))
+
+    def step(x: Any, labels: Any) -> tuple[Any, Any]:
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        with (torch.autocast("cuda", dtype=dtype) if dtype is not None
+              else contextlib.nullcontext()):
+            loss = ce(twin(x), labels)
+        if scaler is None:
+            loss.backward()
+            n = norm()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)  # to read the true norm; scaler.step does not unscale twice
+            n = norm()
+            scaler.step(opt)
+            scaler.update()
+        return loss.detach(), n
+    return step
+
+
+def _missing_zero_grad(r: LessonRun, torch: Any, sizes: tuple[int, ...],
+                       tb: Sequence[tuple[Any, Any]], name: str) -> dict[str, Any]:
+    """The seed's loop without zero_grad beside the correct one, from the same weights."""
+    p = r.params
+    steps = min(p["steps"], ZERO_GRAD_STEPS)
+    out: dict[str, Any] = {"steps": steps}
+    for label, zero_grad in (("with", True), ("without", False)):
+        twin = TT.torch_twin(torch, nn.MLP(sizes, "gelu", seed=p["seed"]))
+        opt = TT.torch_adamw(torch, twin.parameters(), p["lr"])
+        scaler = (TT.torch_grad_scaler(torch, INIT_SCALE, p["growth_interval"])
+                  if name == "fp16" else None)
+        step = _seed_loop(torch, twin, opt, scaler, name, zero_grad)
+        losses, norms, scales = [], [], []
+        for i in range(steps):
+            loss, n = step(*tb[i % len(tb)])
+            losses.append(loss)
+            norms.append(n)
+            if scaler is not None:
+                scales.append(scaler.get_scale())
+        out[label] = {"losses": torch.stack(losses).float().cpu().numpy(),
+                      "norms": torch.stack(norms).float().cpu().numpy(),
+                      "skipped": scale_story(scales, [0.0] * len(scales), INIT_SCALE)["backoffs"]}
+    return out
+
+
+def _overwrites(r: LessonRun, sizes: tuple[int, ...],
+                batches: Sequence[tuple[Any, Any]]) -> tuple[float, float]:
+    """cudalab: a batch's grads after another batch's backward vs its own, and what
+    ``accumulate=True`` would have left instead (max relative differences)."""
+    model = nn.MLP(sizes, "gelu", seed=r.params["seed"])
+
+    def grads(x: Any, labels: Any, accumulate: bool = False) -> list[np.ndarray]:
+        logits = model.forward(x, "fp32")
+        nn.functional.cross_entropy(logits, labels, grad=logits)
+        model.backward(logits, accumulate=accumulate)
+        return [q.grad.get() for q in model.parameters()]
+
+    (x0, l0), (x1, l1) = batches[0], batches[1 % len(batches)]
+    own = grads(x1, l1)
+    grads(x0, l0)
+    again = grads(x1, l1)
+    summed = grads(x1, l1, accumulate=True)  # what a forgotten reset would leave
+    diff = max(rel_error(a, b) for a, b in zip(again, own))
+    r.check("cudalab: a batch's grads after another batch's backward vs its own (backward "
+            "overwrites the grads: no zero_grad to forget)", diff, OVERWRITE_TOL)
+    return diff, max(rel_error(a, b) for a, b in zip(summed, own))
+
+
 def _theirs(r: LessonRun, torch: Any, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any]],
             names: Sequence[str]) -> dict[str, dict[str, Any]]:
     tb = TT.torch_batches(torch, batches)
@@ -285,11 +396,45 @@ def run(r: LessonRun) -> None:
     torch = r.torch()
     theirs = _theirs(r, torch, sizes, batches, names) if torch is not None else {}
     _checks(r, ours, theirs)
+    overwrite = _overwrites(r, sizes, batches)
+    missing = {}
+    if torch is not None:
+        tb = TT.torch_batches(torch, batches)
+        for name in (n for n in ("fp16", "fp32") if n in names):
+            with TT.Tf32(torch, False):
+                missing[name] = _missing_zero_grad(r, torch, sizes, tb, name)
     for impl, results in (("cudalab", ours), ("torch", theirs)):
         for name, x in results.items():
             _row(r, impl, name, x, results["fp32"])
     _findings(r, ours, theirs, names)
     _claims(r, ours, names)
+    _zero_grad_findings(r, overwrite, missing)
+
+
+def _zero_grad_findings(r: LessonRun, overwrite: tuple[float, float], missing: dict) -> None:
+    diff, summed = overwrite
+    r.finding(f"cudalab.nn's backward overwrites the gradients unless accumulate=True: a "
+              f"batch's grads after another batch's backward differ from its own by {diff:.2g} "
+              f"(max relative); accumulate=True would have left them {summed:.2g} away, as a "
+              f"torch loop without zero_grad does", value=summed, unit="relative")
+    for name, m in missing.items():
+        ok, bad = m["with"], m["without"]
+        norm_ratio = float(bad["norms"][-1] / ok["norms"][-1])
+        gap = loss_gap(final_loss(bad["losses"]), final_loss(ok["losses"]))
+        r.finding(zero_grad_text(name, norm_ratio, gap, (ok["skipped"], bad["skipped"]),
+                                 m["steps"]), value=norm_ratio, unit="x")
+    if missing:
+        name = next(iter(missing))  # the seed's own loop (fp16 with a GradScaler) when run
+        ok, bad = missing[name]["with"], missing[name]["without"]
+        norm_ratio = float(bad["norms"][-1] / ok["norms"][-1])
+        gap = loss_gap(final_loss(bad["losses"]), final_loss(ok["losses"]))
+        same = (np.isfinite(norm_ratio) and 1 / ZERO_GRAD_SAME <= norm_ratio <= ZERO_GRAD_SAME
+                and gap <= LOSS_CLOSE and bad["skipped"] == ok["skipped"])
+        r.claim(f"The guide's AMP loop without optimizer.zero_grad() ({name}) trains like the "
+                f"loop with it", tutorial=None, measured=norm_ratio, unit="x", held=bool(same),
+                why=f"after {missing[name]['steps']} steps: gradient norm {norm_ratio:.3g}x, "
+                    f"final loss {gap:.1%} away, {bad['skipped']} vs {ok['skipped']} steps "
+                    f"skipped; holds within {ZERO_GRAD_SAME}x and {LOSS_CLOSE:.0%}")
 
 
 def _checks(r: LessonRun, ours: dict, theirs: dict) -> None:
