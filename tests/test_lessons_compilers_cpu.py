@@ -31,7 +31,7 @@ def test_full_defaults_fit_the_budget_and_quick_skips_resnet_compiles():
     assert full["compile_batches"] == (128,) and full["batches"] == (1, 128)
     assert full["resnet_modes"] == C.FULL_RESNET_MODES == ("default", "jit", "onnxruntime")
     assert "max-autotune" not in full["resnet_modes"] and "tensorrt" not in full["resnet_modes"]
-    assert full["mlp_modes"] == ("default", "max-autotune")
+    assert full["mlp_modes"] == ("default",)  # max-autotune: minutes on a fresh cache
     assert full["precision"] == "fp16" and full["sizes"] == (256, 1024, 1024, 16)
     assert quick["resnet_modes"] == () and quick["mlp_modes"] == ("default",)
     assert quick["batches"] == (8,) and quick["sizes"] == (64, 256, 16)

@@ -353,7 +353,7 @@ def check_params(p: Mapping[str, Any]) -> None:
 @lesson(0, "context", title="The memory and time a CUDA context costs before any data",
         seed="Colab notebook lesson 0 (GPU memory baseline: CUDA overhead)",
         params={"runs": 3, "torch": True, "loading": True, "loading_torch": True},
-        quick_params={"runs": 1, "loading_torch": False},
+        quick_params={"runs": 1, "loading": False, "loading_torch": False},
         check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params

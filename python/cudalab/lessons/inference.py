@@ -352,7 +352,7 @@ def _half_findings(r: LessonRun, res: dict[str, dict], big: int) -> None:
         params={"batch_sizes": (1, 8, 16, 32), "precisions": R.PRECISIONS, "graph": True,
                 "cpu_batch_sizes": (1, 8)},
         quick_params={"batch_sizes": (1, 8), "precisions": ("fp16",),
-                      "cpu_batch_sizes": (1,)},
+                      "cpu_batch_sizes": ()},
         torch_twin=_torch_twin_label,
         check=check_params)
 def run(r: LessonRun) -> None:
