@@ -33,7 +33,7 @@ def test_full_defaults_fit_the_budget_and_quick_skips_resnet_compiles():
     assert "max-autotune" not in full["resnet_modes"] and "tensorrt" not in full["resnet_modes"]
     assert full["mlp_modes"] == ("default",)  # max-autotune: minutes on a fresh cache
     assert full["precision"] == "fp16" and full["sizes"] == (256, 1024, 1024, 16)
-    assert quick["resnet_modes"] == () and quick["mlp_modes"] == ("default",)
+    assert quick["resnet_modes"] == () and quick["mlp_modes"] == ()  # no compile in seconds
     assert quick["batches"] == (8,) and quick["sizes"] == (64, 256, 16)
 
 
