@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import _core, lessons
+from ..bench import torch_cuda
 from .._progress import ProgressBar
 from .._table import format_table
 from ..devices import device as device_context
@@ -173,6 +174,10 @@ def run_lessons(args: argparse.Namespace, command: str, jobs: list[tuple[str, di
         print(f"cudalab {command}: no lessons are registered.", file=sys.stderr)
         return 1
     device_name = get_device_properties(device).name
+    if len(jobs) > 1:
+        # PyTorch's import (seconds) happens here, once, not inside whichever lesson asks first:
+        # each lesson's wall time is then its own.
+        torch_cuda()
     results: list[lessons.LessonResult] = []
     failures: list[dict[str, str]] = []
     with device_context(device), ProgressBar(

@@ -310,7 +310,7 @@ def _dp_check(r: LessonRun, cudalab: Any, nn: Any, DataParallel: Any, sizes: tup
                 "lr": 1e-4, "repeats": 20, "budget_s": 1.0, "check_rows": 64, "check_steps": 3,
                 "torch": True, "data_parallel": True, "timeout": 600.0, "seed": 0},
         quick_params={"batches": (2048, 256), "repeats": 8, "budget_s": 0.25, "check_rows": 16,
-                      "check_steps": 2, "timeout": 120.0},
+                      "check_steps": 2, "timeout": 120.0, "torch": False},
         check=check_params)
 def run(r: LessonRun) -> None:
     p = r.params
