@@ -167,9 +167,10 @@ class _Monitor:
             t += 0.01
         return False
 
-    def to_csv(self, path):
-        with open(path, "w") as f:
-            f.write("t_s,gpu_utilization_pct\n")
+    def to_csv(self, path=None):
+        assert path is None  # the lesson leaves no file behind
+        return "t_s,gpu_utilization_pct\n" + "".join(f"{x.t_s},{x.gpu_utilization_pct}\n"
+                                                      for x in self.samples)
 
 
 def test_monitor_reports_each_phase_and_writes_the_csv(monkeypatch):
@@ -184,7 +185,7 @@ def test_monitor_reports_each_phase_and_writes_the_csv(monkeypatch):
     assert util["b"] == 90 and 30 <= util["a"] <= 90
     [text] = r.findings
     assert text.startswith("GPU utilization (mean of NVML samples every 50 ms, 0.05 s per loop")
-    assert "a: " in text and "b: 90%" in text and "gpu_monitor.csv (GpuMonitor.to_csv)" in text
+    assert "a: " in text and "b: 90%" in text and "GpuMonitor.to_csv() gives the" in text
     assert prefetch.CSV_LOG_COMMAND in text
 
 

@@ -90,8 +90,10 @@ def trade_text(k: int, recomputed: int, layers: int, memory: float, time: float,
     head = f"k={k} (recomputes {recomputed} of {layers} layers):"
     if memory >= MEMORY_SAVES:
         mem = f"{memory:.1f}x less activation memory"
-    else:
+    elif memory > 1 / MEMORY_SAVES and abs(memory - 1) < 0.05:
         mem = f"about the same activation memory ({1 / memory:.2f}x the plain step's)"
+    else:  # a saving below the threshold, or more memory than the plain step
+        mem = f"{1 / memory:.2f}x the plain step's activation memory"
     return f"{head} {mem}, {time:.2f}x the step time (FLOPs predict {predicted:.2f}x)"
 
 

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import csv
 import itertools
-import os
 import shutil
 import subprocess
-import tempfile
 import time
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -462,13 +460,12 @@ def _monitor(r: LessonRun, epochs: Mapping[str, Any], cases: Sequence[str]
     samples = mon.samples
     util = phase_means([(x.t_s, x.gpu_utilization_pct) for x in samples], phases,
                        UTIL_SETTLE_S)
-    path = os.path.join(tempfile.mkdtemp(prefix="cudalab_prefetch_"), "gpu_monitor.csv")
-    mon.to_csv(path)
+    csv_rows = len(mon.to_csv().splitlines()) - 1  # the header line, then one row a sample
     parts = "; ".join(f"{case}: " + ("n/a" if util[case] is None else f"{util[case]:.0f}%")
                       for case in cases)
     r.finding(f"GPU utilization (mean of NVML samples every {MONITOR_INTERVAL_MS} ms, "
               f"{seconds:g} s per loop, the first {UTIL_SETTLE_S:g} s of each left out): "
-              f"{parts}. The {len(samples)} samples are in {path} (GpuMonitor.to_csv), the CSV "
+              f"{parts}. GpuMonitor.to_csv() gives the {csv_rows} samples as the CSV "
               f"the tutorial's `{SEED_LOG_COMMAND}` meant to write; the nvidia-smi command "
               f"that writes CSV is `{CSV_LOG_COMMAND}`",
               value=util[cases[-1]], unit="%", labels=tuple(cases))
