@@ -37,18 +37,6 @@ def _lessons_files():
     return [pytest.param(path, id=path.name) for path in sorted(RESULTS.glob("lessons_*.json"))]
 
 
-# README's lessons table had one column "tutorial (T4)" before the script printed two
-# ("tutorial claims", "tutorial's T4 run"). Until README.md is regenerated from the script,
-# the columns both forms share are compared; after that, the whole table.
-OLD_TUTORIAL_HEADER = "| tutorial (T4) |"
-
-
-def _shared_cells(row: str, tutorial_columns: int) -> list[str]:
-    """A table row's cells without its tutorial column(s) (the 4th and, if two, 5th)."""
-    cells = row.split(" | ")  # an escaped pipe in a cell reads " \| ", not " | "
-    return cells[:3] + cells[3 + tutorial_columns:]
-
-
 @pytest.mark.parametrize("path", _lessons_files())
 def test_readme_lessons_table_matches_the_results_file(path):
     from cudalab.lessons import read_results
@@ -58,15 +46,7 @@ def test_readme_lessons_table_matches_the_results_file(path):
     readme = README.read_text()
     message = (f"README's Lessons table differs from {path.name}; regenerate it with "
                f"python scripts/lessons_summary.py {path.relative_to(REPO_ROOT)}")
-    if OLD_TUTORIAL_HEADER not in readme:
-        assert table in readme, message
-        return
-    lines = readme.splitlines()
-    start = next(i for i, line in enumerate(lines) if OLD_TUTORIAL_HEADER in line)
-    old_rows = lines[start + 2:start + 2 + len(table.splitlines()) - 2]
-    new_rows = table.splitlines()[2:]
-    assert [_shared_cells(r, 1) for r in old_rows] == [_shared_cells(r, 2) for r in new_rows], \
-        message
+    assert table in readme, message
 
 
 def test_lessons_table_has_the_two_tutorial_columns():
