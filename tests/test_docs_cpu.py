@@ -63,6 +63,11 @@ IN_TESTS = {
     "cudalab memory --batch-sizes 16,32,64,128":
         ("tests/test_cli_lessons_gpu.py::test_memory_passes_its_batch_sizes",
          ['"memory"', '"--batch-sizes"']),
+    "cudalab inference --model-name resnet50 --batch-sizes 1,8,16,32":  # parsed, not run
+        ("tests/test_cli_guide.py::test_model_name_is_the_model_option_as_the_guide_spells_it",
+         ['"inference"', '"--model-name"', '"--batch-sizes"']),
+    "cudalab guide --quick":  # CPU tier, with stand-in lessons
+        ("tests/test_cli_guide.py::test_quick_runs_each_lesson_quick", ['"guide"', '"--quick"']),
     # CPU tier, with stand-in lessons (a real run-all takes minutes on a GPU).
     "cudalab run-all --quick --json lessons.json --markdown lessons.md":
         ("tests/test_cli_lessons.py::test_run_all_runs_every_lesson_in_order_and_carries_on",
