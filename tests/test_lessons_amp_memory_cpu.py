@@ -12,6 +12,7 @@ import pytest
 from cudalab import lessons
 from cudalab.lessons import amp
 from cudalab.lessons import amp_memory as M
+from cudalab.nn.layers import activation_elements
 
 NOTEBOOKS = Path(M.__file__).parent / "notebooks"
 
@@ -69,11 +70,12 @@ def test_batch_sizes_come_back_sorted():
 
 def test_kept_activation_bytes_follows_the_layers():
     # outputs 10 + 4, GELU aux of the hidden layer padded from 10 to 16, 3 rows, 2 bytes
-    assert M.kept_activation_bytes((5, 10, 4), 3, 2, False) == 3 * (14 + 16) * 2
-    assert M.kept_activation_bytes((5, 10, 4), 3, 2, True) == 3 * (14 + 16 + 5) * 2
-    assert M.gelu_aux_row(8) == 8 and M.gelu_aux_row(9) == 16 and M.gelu_aux_row(1) == 8
-    full = M.kept_activation_bytes((64, 256, 16), 100, 4, False)
-    assert M.kept_activation_bytes((64, 256, 16), 100, 2, False) * 2 == full
+    assert M.kept_activation_bytes((5, 10, 4), 3, np.float16, False) == 3 * (14 + 16) * 2
+    assert M.kept_activation_bytes((5, 10, 4), 3, np.float16, True) == 3 * (14 + 16 + 5) * 2
+    aux_row = [activation_elements(n, 1, np.float16, "gelu")["aux"][0] for n in (8, 9, 1)]
+    assert aux_row == [8, 16, 8]
+    full = M.kept_activation_bytes((64, 256, 16), 100, np.float32, False)
+    assert M.kept_activation_bytes((64, 256, 16), 100, np.float16, False) * 2 == full
 
 
 def test_line_fit_and_the_batch_where_the_ratio_reaches_the_target():

@@ -34,6 +34,7 @@ from ..bench import host_clock, host_measurement
 from ..nn import torch_twin as TT
 from . import training as T
 from ._measuring import rel_error
+from .training import final_loss
 from . import _params as P
 from .registry import LessonRun, lesson
 
@@ -45,8 +46,6 @@ AMP_FASTER = 1.1
 LOSS_CLOSE = 0.02
 # The loss fell: the final loss is at most this fraction of the first step's.
 LOSS_FELL = 0.9
-# The final loss is the mean of the last tenth of the steps (one batch's loss is noisy).
-FINAL_FRACTION = 0.1
 # A per-step host read counts as costly when the loop gets at least this much slower with it.
 SYNC_COSTLY = 1.05
 # The first step's loss (same weights, same batch) against fp32's, per precision.
@@ -76,15 +75,6 @@ ROW_KEYS = ("impl", "precision", "step_ms", "samples_per_s", "speedup", "tflops"
 
 
 # ---- the numbers' meaning (pure functions, tested on the CPU) ------------------------------
-
-
-def final_loss(losses: Sequence[float]) -> float:
-    """The mean of the last `FINAL_FRACTION` of the losses (at least one)."""
-    losses = np.asarray(losses, dtype=np.float64)
-    if losses.size == 0:
-        raise ValueError("final_loss() needs at least one loss")
-    tail = max(1, int(round(losses.size * FINAL_FRACTION)))
-    return float(losses[-tail:].mean())
 
 
 def loss_gap(final: float, reference: float) -> float:
@@ -202,13 +192,8 @@ def _measure_step(r: LessonRun, label: str, one: Callable[[], Any], sizes: tuple
 
 
 def _numpy_check(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any]]) -> None:
-    model = nn.MLP(sizes, "gelu", seed=r.params["seed"])
-    x, labels = batches[0]
-    rows = min(NUMPY_ROWS, x.shape[0])
-    got = nn.functional.cross_entropy(model.forward(x[:rows], "fp32"), labels[:rows])
-    want = T.numpy_loss(model, x[:rows].get(), labels[:rows].get())
-    r.check(f"fp32 loss of the initial model on {rows} rows vs float64 NumPy",
-            rel_error(got.get(), want), NUMPY_TOL)
+    rows, error = T.initial_loss_error(sizes, r.params["seed"], *batches[0], NUMPY_ROWS)
+    r.check(f"fp32 loss of the initial model on {rows} rows vs float64 NumPy", error, NUMPY_TOL)
 
 
 def _ours(r: LessonRun, sizes: tuple[int, ...], batches: Sequence[tuple[Any, Any]],

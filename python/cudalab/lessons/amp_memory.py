@@ -33,10 +33,12 @@ from cudalab import nn
 from cudalab.nn import reference
 
 from ..nn import torch_twin as TT
+from ..nn.layers import activation_bytes
 from . import training as T
 from ._measuring import ratio, rel_error
 from . import _params as P
 from .registry import LessonRun, lesson
+from .training import final_loss
 
 MIB = 2**20
 PRECISIONS = tuple(nn.PRECISIONS)
@@ -60,8 +62,6 @@ NUMPY_TOL = 1e-4
 GRAD_NUMPY_TOL = 1e-3
 # The first loss in fp16 against fp32's (same weights, same batch).
 FIRST_LOSS_TOL = 1e-2
-# Training: the final loss is the mean of the last tenth of the steps.
-FINAL_FRACTION = 0.1
 # The fp32 run's loss must fall to at most this fraction of its first loss (the setup learns).
 LOSS_FELL = 0.9
 # Unscaled fp16 "falls far slower" when its final loss is at least this many times fp32's.
@@ -82,21 +82,15 @@ RUNS = ("fp32", "fp16 unscaled", "fp16 scaled")
 # ---- the numbers' meaning (pure functions, tested on the CPU) ------------------------------
 
 
-def gelu_aux_row(features: int) -> int:
-    """Elements per row of a GELU layer's kept pre-activation: padded to a multiple of 8."""
-    return (features + 7) // 8 * 8
-
-
-def kept_activation_bytes(sizes: Sequence[int], rows: int, itemsize: int,
+def kept_activation_bytes(sizes: Sequence[int], rows: int, dtype: Any,
                           cast_input: bool) -> int:
     """Bytes an MLP's forward allocates and keeps for the backward: every layer's output
-    and every hidden (GELU) layer's pre-activation in the compute dtype, and a copy of the
-    input in that dtype when the data's dtype differs (half precisions, float32 data)."""
-    outputs = sum(sizes[1:])
-    aux = sum(gelu_aux_row(n) for n in sizes[1:-1])
-    total = rows * (outputs + aux) * itemsize
+    and every hidden (GELU) layer's pre-activation in the compute dtype (nn's own model of
+    its buffers, `activation_bytes`), and a copy of the input in that dtype when the data's
+    dtype differs (half precisions, float32 data)."""
+    total = activation_bytes(sizes, rows, dtype, "gelu")
     if cast_input:
-        total += rows * sizes[0] * itemsize
+        total += rows * sizes[0] * np.dtype(dtype).itemsize
     return total
 
 
@@ -118,15 +112,6 @@ def batch_for_ratio(half: tuple[float, float], full: tuple[float, float],
     if room <= 0:
         return None
     return max(0.0, (fh - target * ff) / room)
-
-
-def final_loss(losses: Sequence[float]) -> float:
-    """The mean of the last `FINAL_FRACTION` of the losses (at least one)."""
-    losses = np.asarray(losses, dtype=np.float64)
-    if losses.size == 0:
-        raise ValueError("final_loss() needs at least one loss")
-    tail = max(1, int(round(losses.size * FINAL_FRACTION)))
-    return float(losses[-tail:].mean())
 
 
 def underflow(here: np.ndarray, fp32: np.ndarray) -> tuple[int, int]:
@@ -235,7 +220,8 @@ def _ours(r: LessonRun, sizes: tuple[int, ...], x: Any, labels: Any, name: str,
             f"(relative to the masters)",
             abs(out["copies"] - (weights * itemsize // 4 if prec.is_half else 0)) / weights,
             NBYTES_TOL)
-    model_acts = kept_activation_bytes(sizes, batch, itemsize, x.dtype != prec.compute_dtype)
+    model_acts = kept_activation_bytes(sizes, batch, prec.compute_dtype,
+                                       x.dtype != prec.compute_dtype)
     r.check(f"{name} batch {batch}: activations kept by the forward vs the layers' model "
             f"(relative)", abs(out["activations"] - model_acts) / model_acts, ACTIVATION_TOL)
     if timed:
@@ -301,12 +287,8 @@ def _memory(r: LessonRun, sizes: tuple[int, ...], names: Sequence[str],
 
 
 def _numpy_check(r: LessonRun, sizes: tuple[int, ...], x: Any, labels: Any) -> None:
-    model = nn.MLP(sizes, "gelu", seed=r.params["seed"])
-    rows = min(NUMPY_ROWS, x.shape[0])
-    got = nn.functional.cross_entropy(model.forward(x[:rows], "fp32"), labels[:rows])
-    want = T.numpy_loss(model, x[:rows].get(), labels[:rows].get())
-    r.check(f"fp32 loss of the initial model on {rows} rows vs float64 NumPy",
-            rel_error(got.get(), want), NUMPY_TOL)
+    rows, error = T.initial_loss_error(sizes, r.params["seed"], x, labels, NUMPY_ROWS)
+    r.check(f"fp32 loss of the initial model on {rows} rows vs float64 NumPy", error, NUMPY_TOL)
 
 
 def _memory_row(r: LessonRun, impl: str, name: str, batch: int, v: dict, fp32: dict) -> None:

@@ -382,13 +382,10 @@ def _checks_ours(r: LessonRun, data: dict[str, Any], ours: Mapping[str, Tally]) 
         r.check(f"cudalab matmul {mode}: {CHECK_ROWS} rows vs float64 NumPy",
                 rel_error(ours[f"matmul {mode}"].distinct[0][:CHECK_ROWS], ha[:CHECK_ROWS] @ hb),
                 MATMUL_TOL[mode])
-    model = nn.MLP(data["sizes"], "gelu", seed=r.params["seed"])
-    x, labels = data["batches"][0]
-    rows = min(CHECK_ROWS, x.shape[0])
-    got = nn.functional.cross_entropy(model.forward(x[:rows], "fp32"), labels[:rows])
-    want = T.numpy_loss(model, x[:rows].get(), labels[:rows].get())
-    r.check(f"MLP fp32 loss of the initial model on {rows} rows vs float64 NumPy",
-            rel_error(got.get(), want), LOSS_TOL)
+    rows, error = T.initial_loss_error(data["sizes"], r.params["seed"], *data["batches"][0],
+                                       CHECK_ROWS)
+    r.check(f"MLP fp32 loss of the initial model on {rows} rows vs float64 NumPy", error,
+            LOSS_TOL)
 
 
 def _fused_vs_split(r: LessonRun, data: dict[str, Any]) -> tuple[bool, float]:

@@ -18,8 +18,12 @@ import numpy as np
 from cudalab import nn
 from cudalab.nn import reference
 
+from ._measuring import rel_error
+
 # The teacher network that labels the inputs: small, so labelling costs little.
 TEACHER_HIDDEN = (64,)
+# A training run's final loss is the mean of its last tenth of steps (one batch's is noisy).
+FINAL_FRACTION = 0.1
 # The measured matmul peak each precision's GEMMs run against (lessons place their step's
 # GEMM rate against it in full mode only: quick sizes are launch-bound, and measuring a
 # peak costs more than a quick lesson).
@@ -82,3 +86,23 @@ def numpy_loss(model: nn.MLP, x: np.ndarray, labels: np.ndarray) -> float:
     activation = hidden[0].activation if hidden else None
     hs, _ = reference.forward(reference.mlp_params(model), x, activation)
     return reference.cross_entropy(hs[-1], labels)[0]
+
+
+def final_loss(losses: Sequence[float]) -> float:
+    """The mean of the last `FINAL_FRACTION` of the losses (at least one)."""
+    losses = np.asarray(losses, dtype=np.float64)
+    if losses.size == 0:
+        raise ValueError("final_loss() needs at least one loss")
+    tail = max(1, int(round(losses.size * FINAL_FRACTION)))
+    return float(losses[-tail:].mean())
+
+
+def initial_loss_error(sizes: Sequence[int], seed: int, x: Any, labels: Any,
+                       rows: int) -> tuple[int, float]:
+    """(rows used, relative error): a fresh GELU MLP's fp32 loss on the first `rows` rows
+    of (x, labels) against float64 NumPy, the check every training lesson starts with."""
+    model = nn.MLP(sizes, "gelu", seed=seed)
+    rows = min(rows, x.shape[0])
+    got = nn.functional.cross_entropy(model.forward(x[:rows], "fp32"), labels[:rows])
+    want = numpy_loss(model, x[:rows].get(), labels[:rows].get())
+    return rows, rel_error(got.get(), want)
