@@ -636,7 +636,7 @@ def test_backward_layers_fuses_each_previous_activation_and_calls_the_hook():
 def test_mlp_backward_passes_the_hook_and_checks_it(monkeypatch):
     monkeypatch.setattr(_core, "current_device", lambda: 0)
     log = []
-    model = types.SimpleNamespace(device=0, _activations_live=True,
+    model = types.SimpleNamespace(device=0, _activations_live=True, _segments=None,
                                   layers=[HookLayer(log, i, "gelu") for i in range(2)])
     seen = []
     nn.MLP.backward(model, "g", hook=seen.append)

@@ -766,9 +766,7 @@ class MLP:
         self.layers[-1]._check_grad(grad_logits)
         # From here on the previous layers' outputs become gradients.
         self._activations_live = False
-        # getattr: MLP.backward is also called on MLP-shaped objects that never checkpoint.
-        segments = getattr(self, "_segments", None)
-        if segments is None:
+        if self._segments is None:
             backward_layers(self.layers, grad_logits, bool(accumulate), hook)
             return
         # Last segment first. Its inner activations are still in the shared buffers;
@@ -778,9 +776,9 @@ class MLP:
         # last layer; the later ones already hold gradients) and the shared buffers
         # of one segment, never all the layers' activations.
         g: Optional[_core.DeviceArray] = grad_logits
-        last = len(segments) - 1
+        last = len(self._segments) - 1
         for s in range(last, -1, -1):
-            a, b = segments[s]
+            a, b = self._segments[s]
             if s < last:
                 self._recompute(a, b)
             g = backward_layers_from(self.layers, a, b, g, bool(accumulate), hook)
