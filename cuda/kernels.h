@@ -340,9 +340,60 @@ cudaError_t cl_im2col(void *dst, cl_dtype dst_dtype, const void *src, cl_dtype s
 /* dst (n, oh, ow, c) = max over each kh x kw window of contiguous NHWC src. */
 cudaError_t cl_max_pool_nhwc(void *dst, const void *src, cl_dtype dtype,
                              const cl_conv_geometry *g, cudaStream_t stream);
+/* dst (pixels, c_padded) = src (pixels, c) cast to dst_dtype, zeros in the
+ * channels c..c_padded-1 (c_padded <= 64): images widened to whole vectors
+ * for the implicit-GEMM stem. src float32 or dst_dtype; floating types. */
+cudaError_t cl_pad_channels(void *dst, cl_dtype dst_dtype, const void *src, cl_dtype src_dtype,
+                            int64_t pixels, int c, int c_padded, cudaStream_t stream);
 /* dst (n, c) = mean over the hw pixels of contiguous src (n, hw, c). */
 cudaError_t cl_avg_pool_nhwc(void *dst, const void *src, cl_dtype dtype, int64_t n, int64_t hw,
                              int64_t c, cudaStream_t stream);
+
+/* ---- ops/implicit: implicit-GEMM convolution (CUTLASS, SM80 and newer) ------ */
+
+/* What the epilogue adds to the convolution before the optional ReLU: nothing,
+ * a bias vector (cout,), or a residual tensor shaped like the output. */
+typedef enum cl_conv_epilogue {
+    CL_CONV_EPILOGUE_NONE,
+    CL_CONV_EPILOGUE_BIAS,
+    CL_CONV_EPILOGUE_RESIDUAL
+} cl_conv_epilogue;
+
+/* One convolution: contiguous NHWC x (n, h, w, c), KRSC weights (cout, kh, kw,
+ * c), NHWC out (n, oh, ow, cout), all of `dtype`: float16 or bfloat16
+ * (float32 accumulation) or float32 (TF32 tensor cores). g.k_padded is not
+ * used. c and cout must be multiples of cl_conv_implicit_alignment(dtype). */
+typedef struct cl_conv_implicit_desc {
+    cl_dtype dtype;
+    cl_conv_geometry g;
+    int cout;
+    cl_conv_epilogue epilogue;
+    int relu;
+} cl_conv_implicit_desc;
+
+typedef struct cl_conv_implicit cl_conv_implicit;
+
+/* Tile shapes built for a dtype: 0 when this build has no implicit-GEMM
+ * kernels (no SM80+ architecture in its list) or none for the dtype. */
+int cl_conv_implicit_tiles(cl_dtype dtype);
+const char *cl_conv_implicit_tile_name(cl_dtype dtype, int tile);
+/* Elements per 16-byte vector: what c and cout must be multiples of, except
+ * that c may be exactly CL_CONV_FIXED_CHANNELS (the widened RGB of a stem),
+ * which one tile shape of each dtype serves. */
+int cl_conv_implicit_alignment(cl_dtype dtype);
+#define CL_CONV_FIXED_CHANNELS 4
+/* Prepares one convolution for the current device with tile shape `tile`
+ * (-1: chosen by cout). cudaErrorNotSupported when the device is older than
+ * SM80, the build has no kernels, or the kernel cannot do this shape;
+ * cudaErrorInvalidValue for a bad descriptor. Host work only. */
+cudaError_t cl_conv_implicit_create(cl_conv_implicit **out, const cl_conv_implicit_desc *d,
+                                    int tile);
+/* One launch on `stream`: out = relu?(conv(x, w) + c), c as the epilogue says
+ * (NULL for none). Every pointer 16-byte aligned (else
+ * cudaErrorMisalignedAddress). Safe to call from several threads at once. */
+cudaError_t cl_conv_implicit_run(const cl_conv_implicit *op, void *out, const void *x,
+                                 const void *w, const void *c, cudaStream_t stream);
+void cl_conv_implicit_destroy(cl_conv_implicit *op);
 
 /* ---- timing.cu ------------------------------------------------------------ */
 /* One thread spins `cycles` SM clock cycles (clock64); cycles >= 0. */

@@ -29,6 +29,19 @@
  *       out_dtype is dtype, or float32 with half operands (the logits).
  *       One cuBLASLt GEMM: bias and ReLU are its epilogue, accumulate is
  *       beta = 1 (how a residual block adds its shortcut before the ReLU).
+ *   ("conv", x_slot, x_off, w_slot, w_off, c_slot, c_off, out_slot, out_off, dtype,
+ *            n, h, w, c, oh, ow, kh, kw, stride, padding, cout, epilogue, relu, tile)
+ *       out (n, oh, ow, cout) = relu?(conv(x (n, h, w, c), w (cout, kh, kw, c)) + C)
+ *       as one implicit-GEMM kernel (no columns written): epilogue 0 no C
+ *       (c_slot -1), 1 C = a bias (cout,), 2 C = a residual shaped like out
+ *       (it may be out itself). tile: the kernel's tile shape (an index into
+ *       _conv_implicit_tiles(dtype)), -1 for the default. float16/bfloat16, or
+ *       float32 on TF32 tensor cores.
+ *   ("pad_channels", src_slot, src_off, src_dtype, dst_slot, dst_off, dst_dtype,
+ *                    pixels, c, c_padded)
+ *       dst (pixels, c_padded) = src (pixels, c) cast, zeros in the added
+ *       channels: the float32 RGB images made 8 (4 for float32) channels so
+ *       the stem's implicit GEMM loads whole vectors.
  *
  * The GEMMs' cuBLASLt plans are made at compile time and owned by the
  * program, so a run is only kernel launches and cublasLtMatmul calls on the
@@ -45,7 +58,7 @@
 #define CAPSULE_NAME "cudalab._convnet"
 #define MAX_SLOTS 16
 
-enum { STEP_IM2COL, STEP_MAX_POOL, STEP_AVG_POOL, STEP_GEMM };
+enum { STEP_IM2COL, STEP_MAX_POOL, STEP_AVG_POOL, STEP_GEMM, STEP_CONV, STEP_PAD_CHANNELS };
 
 typedef struct operand {
     int slot;             /* -1: none */
@@ -55,13 +68,15 @@ typedef struct operand {
 typedef struct step {
     int kind;
     operand src, dst;     /* gemm: a and out */
-    operand w, bias;      /* gemm only */
+    operand w, bias;      /* gemm and conv (conv: bias is its C operand) */
     cl_dtype dtype, dst_dtype;
     cl_conv_geometry g;   /* im2col, max_pool; avg_pool uses n, h (= hw), c */
     int64_t rows, k, cout;
     int precision;        /* gemm, float32: 0 fp32, 1 TF32 (cl_mm_parse_precision's codes) */
     bool relu, accumulate;
     struct mm_plan *plan; /* gemm: owned */
+    int epilogue, tile;   /* conv */
+    cl_conv_implicit *conv; /* conv: owned */
 } step;
 
 typedef struct program {
@@ -82,6 +97,7 @@ program_free(program *p)
     }
     for (int i = 0; i < p->nsteps && p->steps != NULL; i++) {
         cl_mm_plan_free(p->steps[i].plan);
+        cl_conv_implicit_destroy(p->steps[i].conv);
     }
     free(p->steps);
     free(p);
@@ -162,7 +178,7 @@ geometry_from(const int64_t *v, int count, cl_conv_geometry *g)
 static int
 parse_geometry(PyObject *t, Py_ssize_t first, int count, cl_conv_geometry *g, int index)
 {
-    int64_t v[11];
+    int64_t v[11] = {0}; /* k_padded stays 0 where the tuple has none (conv) */
     if (item_ints(t, first, count, v) < 0) {
         return -1;
     }
@@ -215,6 +231,49 @@ parse_gemm(cl_state *st, PyObject *t, step *s, int index)
 }
 
 static int
+parse_conv(cl_state *st, PyObject *t, step *s, int index)
+{
+    int64_t v[4];
+    if (parse_operand(t, 1, &s->src) < 0 || parse_operand(t, 3, &s->w) < 0 ||
+        parse_operand(t, 5, &s->bias) < 0 || parse_operand(t, 7, &s->dst) < 0 ||
+        item_dtype(st, t, 9, &s->dtype) < 0 || parse_geometry(t, 10, 10, &s->g, index) < 0 ||
+        item_ints(t, 20, 4, v) < 0) {
+        return -1;
+    }
+    s->dst_dtype = s->dtype;
+    s->cout = v[0];
+    s->epilogue = (int)v[1];
+    s->relu = v[2] != 0;
+    s->tile = (int)v[3];
+    if (s->cout < 1 || s->cout > INT32_MAX || v[1] < 0 || v[1] > 2 || v[3] < -1 ||
+        v[3] > 64) {
+        return step_error(index, "conv: cout, epilogue (0-2) or tile out of range");
+    }
+    if ((s->epilogue == 0) != (s->bias.slot < 0)) {
+        return step_error(index, "conv: a C operand exactly when the epilogue reads one");
+    }
+    return 0;
+}
+
+static int
+parse_pad_channels(cl_state *st, PyObject *t, step *s, int index)
+{
+    int64_t v[3];
+    if (parse_operand(t, 1, &s->src) < 0 || item_dtype(st, t, 3, &s->dtype) < 0 ||
+        parse_operand(t, 4, &s->dst) < 0 || item_dtype(st, t, 6, &s->dst_dtype) < 0 ||
+        item_ints(t, 7, 3, v) < 0) {
+        return -1;
+    }
+    s->rows = v[0]; /* pixels */
+    s->k = v[1];    /* channels in */
+    s->cout = v[2]; /* channels out */
+    if (s->rows < 0 || s->k < 1 || s->cout < s->k || s->cout > 64) {
+        return step_error(index, "pad_channels: 1 <= c <= c_padded <= 64");
+    }
+    return 0;
+}
+
+static int
 parse_step(cl_state *st, PyObject *t, step *s, int index)
 {
     static const struct {
@@ -224,7 +283,9 @@ parse_step(cl_state *st, PyObject *t, step *s, int index)
     } kinds[] = {{"im2col", STEP_IM2COL, 18},
                  {"max_pool", STEP_MAX_POOL, 15},
                  {"avg_pool", STEP_AVG_POOL, 9},
-                 {"gemm", STEP_GEMM, 17}};
+                 {"gemm", STEP_GEMM, 17},
+                 {"conv", STEP_CONV, 24},
+                 {"pad_channels", STEP_PAD_CHANNELS, 10}};
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 0))) {
         return step_error(index, "expected a tuple starting with the step's name");
     }
@@ -263,8 +324,13 @@ parse_step(cl_state *st, PyObject *t, step *s, int index)
     }
     case STEP_GEMM:
         return parse_gemm(st, t, s, index);
+    case STEP_CONV:
+        return parse_conv(st, t, s, index);
+    case STEP_PAD_CHANNELS:
+        return parse_pad_channels(st, t, s, index);
     default:
-        return step_error(index, "unknown step (expected im2col, max_pool, avg_pool or gemm)");
+        return step_error(index, "unknown step (expected im2col, max_pool, avg_pool, gemm, "
+                                 "conv or pad_channels)");
     }
 }
 
@@ -308,6 +374,23 @@ step_extents(program *p, const step *s, int index)
                 note_extent(p, &s->dst, s->rows * s->cout * in, index) < 0)
                    ? -1
                    : 0;
+    case STEP_PAD_CHANNELS:
+        return (note_extent(p, &s->src, s->rows * s->k * in, index) < 0 ||
+                note_extent(p, &s->dst, s->rows * s->cout * cl_itemsize(s->dst_dtype), index) < 0)
+                   ? -1
+                   : 0;
+    case STEP_CONV: {
+        int64_t out = (int64_t)g->n * g->oh * g->ow * s->cout * in;
+        if (note_extent(p, &s->src, (int64_t)g->n * g->h * g->w * g->c * in, index) < 0 ||
+            note_extent(p, &s->w, s->cout * g->kh * g->kw * g->c * in, index) < 0 ||
+            note_extent(p, &s->dst, out, index) < 0) {
+            return -1;
+        }
+        return s->bias.slot < 0
+                   ? 0
+                   : note_extent(p, &s->bias, s->epilogue == 1 ? s->cout * (int64_t)in : out,
+                                 index);
+    }
     default: {
         size_t out = cl_itemsize(s->dst_dtype);
         if (note_extent(p, &s->src, s->rows * s->k * in, index) < 0 ||
@@ -384,11 +467,55 @@ slots_check(cl_op *op, PyObject *slots, int *nslots, DeviceArray **arrays, const
     return 0;
 }
 
+/* A conv step's kernel, prepared for this device with its parameters
+ * computed once; every operand must be 16-byte aligned (vector loads). */
+static int
+compile_conv(program *p, cl_op *op, step *s, int index)
+{
+    const operand *operands[] = {&s->src, &s->w, &s->dst, &s->bias};
+    for (int j = 0; j < 4; j++) {
+        if (operands[j]->slot >= 0 && operand_alignment(p, operands[j]) < 16) {
+            PyErr_Format(PyExc_ValueError,
+                         "_convnet_compile(): step %d: conv operands must be 16-byte aligned",
+                         index);
+            return -1;
+        }
+    }
+    cl_conv_implicit_desc d = {
+        .dtype = s->dtype, .g = s->g, .cout = (int)s->cout,
+        .epilogue = (cl_conv_epilogue)s->epilogue, .relu = s->relu,
+    };
+    cudaError_t err = cl_conv_implicit_create(&s->conv, &d, s->tile);
+    if (err == cudaErrorNotSupported || err == cudaErrorInvalidValue) {
+        PyErr_Format(op->st->CudalabError,
+                     "%s: step %d: no implicit-GEMM kernel for this convolution (%s, "
+                     "n=%d h=%d w=%d c=%d cout=%lld %dx%d stride %d; tile %d): %s",
+                     p->name, index, cl_dtype_name(s->dtype), s->g.n, s->g.h, s->g.w, s->g.c,
+                     (long long)s->cout, s->g.kh, s->g.kw, s->g.stride, s->tile,
+                     err == cudaErrorNotSupported
+                         ? "needs an SM80+ GPU, a build with the kernels, and c and cout "
+                           "multiples of 16 bytes"
+                         : "invalid geometry or tile");
+        return -1;
+    }
+    CL_CUDA_CHECK(op->st, err);
+    p->flops += 2 * (int64_t)s->g.n * s->g.oh * s->g.ow * s->cout * s->g.kh * s->g.kw * s->g.c;
+    return 0;
+fail:
+    return -1;
+}
+
 static int
 compile_plans(program *p, cl_op *op)
 {
     for (int i = 0; i < p->nsteps; i++) {
         step *s = &p->steps[i];
+        if (s->kind == STEP_CONV) {
+            if (compile_conv(p, op, s, i) < 0) {
+                return -1;
+            }
+            continue;
+        }
         if (s->kind != STEP_GEMM) {
             continue;
         }
@@ -534,6 +661,18 @@ run_steps(cl_op *op, const program *p, char *const *base)
             CL_CUDA_CHECK(op->st, cl_avg_pool_nhwc(address(base, &s->dst), address(base, &s->src),
                                                    s->dtype, s->rows, s->k, s->cout, op->stream));
             break;
+        case STEP_PAD_CHANNELS:
+            CL_CUDA_CHECK(op->st, cl_pad_channels(address(base, &s->dst), s->dst_dtype,
+                                                  address(base, &s->src), s->dtype, s->rows,
+                                                  (int)s->k, (int)s->cout, op->stream));
+            break;
+        case STEP_CONV:
+            CL_CUDA_CHECK(op->st,
+                          cl_conv_implicit_run(s->conv, address(base, &s->dst),
+                                               address(base, &s->src), address(base, &s->w),
+                                               s->bias.slot >= 0 ? address(base, &s->bias) : NULL,
+                                               op->stream));
+            break;
         default:
             if (run_gemm(op, ex, s, base) < 0) {
                 return -1;
@@ -606,8 +745,44 @@ _convnet_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
                      CL_OP_PROFILING(&op) && status == 0 ? &info : NULL);
 }
 
+PyDoc_STRVAR(_conv_implicit_tiles_doc,
+"_conv_implicit_tiles(dtype)\n--\n\n"
+"The implicit-GEMM convolution's tile shapes built for a dtype (names, in the\n"
+"order a conv step's `tile` indexes), and the vector width in elements that c\n"
+"and cout must be multiples of: (names, alignment). Empty names: none built.\n"
+"Internal.");
+
+static PyObject *
+_conv_implicit_tiles(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
+{
+    static const char *const names[] = {"dtype", NULL};
+    PyObject *argv[1];
+    cl_state *st = cl_state_from_module(module);
+    cl_dtype dtype;
+    if (cl_parse_args("_conv_implicit_tiles", args, nargs, kwnames, names, 1, argv) < 0 ||
+        cl_dtype_converter(st, argv[0], "_conv_implicit_tiles", "dtype", &dtype) < 0) {
+        return NULL;
+    }
+    int count = cl_conv_implicit_tiles(dtype);
+    PyObject *tiles = PyTuple_New(count);
+    if (tiles == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < count; i++) {
+        PyObject *name = PyUnicode_FromString(cl_conv_implicit_tile_name(dtype, i));
+        if (name == NULL) {
+            Py_DECREF(tiles);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tiles, i, name);
+    }
+    return Py_BuildValue("(Ni)", tiles, cl_conv_implicit_alignment(dtype));
+}
+
 PyMethodDef cl_convnet_methods[] = {
     CL_FASTCALL(_convnet_compile),
     CL_FASTCALL(_convnet_run),
+    CL_FASTCALL(_conv_implicit_tiles),
     {NULL, NULL, 0, NULL},
 };

@@ -8,6 +8,8 @@
 //   max_pool    kernel x kernel max over NHWC windows (padding never wins; a
 //               NaN in the window gives NaN, as in torch)
 //   avg_pool    global mean over H*W: (N, H, W, C) -> (N, C), float32 sums
+//   pad_channels (P, C) -> (P, Cp): the cast images with zero channels added,
+//               so that the implicit-GEMM stem reads whole 16-byte vectors
 //
 // All three index the output linearly and decompose the index into
 // coordinates; adjacent threads own adjacent channels, so reads and writes of
@@ -228,6 +230,54 @@ cudaError_t launch_max_pool(void *dst, const void *src, const cl_conv_geometry *
     return cudaGetLastError();
 }
 
+// One thread per output pixel: c loads, then the CP converted channels as
+// one vector store (the stem: 3 floats in, 4 halves or floats out).
+template <typename Tin, typename Tout, int CP>
+__global__ void pad_channels_kernel(Tout *__restrict__ dst, const Tin *__restrict__ src,
+                                    int64_t pixels, int c)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < pixels;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        Vec<Tout, CP> out;
+#pragma unroll
+        for (int e = 0; e < CP; e++) {
+            out.v[e] = e < c ? cl::convert<Tout>(src[i * c + e]) : cl::convert<Tout>(0.0f);
+        }
+        reinterpret_cast<Vec<Tout, CP> *>(dst)[i] = out;
+    }
+}
+
+template <typename Tin, typename Tout>
+__global__ void pad_channels_any_kernel(Tout *__restrict__ dst, const Tin *__restrict__ src,
+                                        int64_t pixels, int c, int cp)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < pixels * cp;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t pixel = i / cp;
+        int e = (int)(i - pixel * cp);
+        dst[i] = e < c ? cl::convert<Tout>(src[pixel * c + e]) : cl::convert<Tout>(0.0f);
+    }
+}
+
+template <typename Tin, typename Tout>
+cudaError_t launch_pad_channels(void *dst, const void *src, int64_t pixels, int c, int cp,
+                                cudaStream_t stream)
+{
+    constexpr int vec = 16 / sizeof(Tout);
+    if (cp == vec && aligned16(dst)) {
+        pad_channels_kernel<Tin, Tout, vec><<<grid_for(pixels), kThreads, 0, stream>>>(
+            (Tout *)dst, (const Tin *)src, pixels, c);
+    } else if (cp == 4 && ((uintptr_t)dst & (4 * sizeof(Tout) - 1)) == 0) {
+        // The stem's 4 channels: one 8-byte (half) or 16-byte (float) store.
+        pad_channels_kernel<Tin, Tout, 4><<<grid_for(pixels), kThreads, 0, stream>>>(
+            (Tout *)dst, (const Tin *)src, pixels, c);
+    } else {
+        pad_channels_any_kernel<Tin, Tout><<<grid_for(pixels * cp), kThreads, 0, stream>>>(
+            (Tout *)dst, (const Tin *)src, pixels, c, cp);
+    }
+    return cudaGetLastError();
+}
+
 } // namespace
 
 extern "C" cudaError_t cl_im2col(void *dst, cl_dtype dst_dtype, const void *src,
@@ -269,4 +319,27 @@ extern "C" cudaError_t cl_avg_pool_nhwc(void *dst, const void *src, cl_dtype dty
             (scalar_t *)dst, (const scalar_t *)src, n, hw, c);
         return cudaGetLastError();
     });
+}
+
+extern "C" cudaError_t cl_pad_channels(void *dst, cl_dtype dst_dtype, const void *src,
+                                       cl_dtype src_dtype, int64_t pixels, int c, int c_padded,
+                                       cudaStream_t stream)
+{
+    if (c < 1 || c_padded < c || c_padded > 64) {
+        return cudaErrorInvalidValue;
+    }
+    if (pixels == 0) {
+        return cudaSuccess;
+    }
+    if (src_dtype == CL_FLOAT32 && dst_dtype != CL_FLOAT32) {
+        CL_DISPATCH(dst_dtype, CL_FLOAT_TYPES,
+                    return (launch_pad_channels<float, scalar_t>(dst, src, pixels, c, c_padded,
+                                                                 stream)));
+    }
+    if (src_dtype != dst_dtype) {
+        return cudaErrorInvalidValue;
+    }
+    CL_DISPATCH(src_dtype, CL_FLOAT_TYPES,
+                return (launch_pad_channels<scalar_t, scalar_t>(dst, src, pixels, c, c_padded,
+                                                                stream)));
 }

@@ -404,6 +404,9 @@ def _nn_adamw_(
 # offsets (format at the top of convnet.c; cudalab.models.plan writes them).
 def _convnet_compile(steps: tuple[tuple[Any, ...], ...], slots: tuple[DeviceArray, ...], name: str) -> Any: ...  # a program capsule
 def _convnet_run(program: Any, slots: tuple[DeviceArray, ...]) -> None: ...
+# The implicit-GEMM convolution's tile names for a dtype (empty: none built) and the
+# vector width in elements that its channels must be multiples of.
+def _conv_implicit_tiles(dtype: _DTypeLike) -> tuple[tuple[str, ...], int]: ...
 
 # ---- several devices (csrc/runtime/peer.c) ------------------------------------------------
 def can_access_peer(device: int, peer_device: int) -> bool: ...
