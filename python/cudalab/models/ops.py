@@ -15,10 +15,12 @@ from typing import Any, Optional
 
 from .. import _core
 from .._check import check_int
-from .arch import conv_output_size
-from .plan import PRECISION_CODES
+from . import conv_routes as CR
+from .arch import Conv, conv_output_size
+from .plan import PRECISION_CODES, ROUTE_IM2COL, ROUTE_IMPLICIT, conv_steps, implicit_channels
 
-__all__ = ["conv_gemm", "global_avg_pool", "im2col", "max_pool2d"]
+__all__ = ["conv2d", "conv_gemm", "conv_routes", "global_avg_pool", "im2col",
+           "implicit_gemm_available", "max_pool2d"]
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _CACHE_SIZE = 64
@@ -229,3 +231,143 @@ def conv_gemm(a: _core.DeviceArray, w: _core.DeviceArray,
                PRECISION_CODES[precision], m, k, cout, int(relu),
                int(accumulate)),), slots, func)
     return out
+
+
+CONV_ROUTES = ("auto", ROUTE_IMPLICIT, ROUTE_IM2COL)
+
+
+def implicit_gemm_available(dtype: str = "float16", precision: str = CR.TF32) -> bool:
+    """implicit_gemm_available(dtype='float16', precision='high') -> bool
+
+    Whether :func:`conv2d` can take the implicit-GEMM route for `dtype` on the
+    current device: this build has the kernels (SM80+ in its architecture
+    list), the GPU is SM80 or newer, and float32 runs at 'high' (TF32).
+    """
+    return CR.implicit_available(dtype, precision)
+
+
+def conv_routes(x_shape: tuple, w_shape: tuple, stride: int = 1, padding: int = 0,
+                dtype: str = "float16", precision: str = CR.TF32) -> dict:
+    """conv_routes(x_shape, w_shape, stride=1, padding=0, dtype='float16', precision='high') -> dict
+
+    Time every route of one convolution now (im2col + GEMM, and each
+    implicit-GEMM tile this build has): ``{label: milliseconds}``, what
+    ``route="auto"`` measures once and keeps. Synchronizes.
+    """
+    n, h, w, cin = x_shape
+    cout, kh, kw, _ = w_shape
+    return dict(CR.measure(CR.ConvShape(n, h, w, cin, cout, kh, kw, stride, padding, dtype,
+                                        precision)).times_ms)
+
+
+def conv2d(x: _core.DeviceArray, w: _core.DeviceArray, bias: Optional[_core.DeviceArray] = None,
+           *, stride: int = 1, padding: int = 0, relu: bool = False, route: str = "auto",
+           precision: Optional[str] = None,
+           out: Optional[_core.DeviceArray] = None) -> _core.DeviceArray:
+    """conv2d(x, w, bias=None, *, stride=1, padding=0, relu=False, route='auto', precision=None, out=None)
+
+    ``out = relu?(conv(x, w) + bias)`` for NHWC `x` and KRSC `w`, as
+    torch's ``conv2d`` (cross-correlation, square stride, symmetric zero
+    padding) on channels-last tensors, bias and ReLU fused.
+
+    Parameters
+    ----------
+    x : DeviceArray
+        (N, H, W, C), C-contiguous, float16, bfloat16 or float32.
+    w : DeviceArray
+        (cout, kh, kw, C), x's dtype: torch's (cout, C, kh, kw) weight
+        transposed to (0, 2, 3, 1).
+    bias : DeviceArray, optional
+        (cout,), x's dtype.
+    stride, padding : int
+    relu : bool
+    route : {'auto', 'implicit', 'im2col'}
+        'implicit': one implicit-GEMM kernel (tensor cores; SM80+, float32
+        only as TF32) that reads the windows in its own loads; 'im2col': the
+        im2col matrix into a scratch buffer, then one cuBLASLt GEMM; 'auto':
+        the faster for this shape, measured once per process
+        (:mod:`cudalab.models.conv_routes`). A 1x1 stride-1 convolution is
+        one GEMM on x itself whatever the route.
+    precision : {'fp32', 'tf32', 'highest', 'high'}, optional
+        float32 only: true fp32 (im2col route only) or TF32. Default:
+        get_float32_matmul_precision().
+    out : DeviceArray, optional
+        (N, OH, OW, cout), x's dtype.
+
+    Returns
+    -------
+    DeviceArray
+        `out`, or a new (N, OH, OW, cout) array.
+    """
+    func = "conv2d"
+    dtypes = ("float16", "bfloat16", "float32")
+    x = _array(x, func, "x", 4, dtypes)
+    w = _array(w, func, "w", 4, dtypes)
+    dtype = str(x.dtype)
+    n, h, wd, c = x.shape
+    cout, kh, kw, wc = w.shape
+    if wc != c or str(w.dtype) != dtype or min(cout, kh, kw) < 1:
+        raise ValueError(f"{func}(): w must be (cout, kh, kw, {c}) {dtype}, got {w.dtype} "
+                         f"{w.shape}")
+    if bias is not None:
+        bias = _array(bias, func, "bias", 1, dtypes)
+        if bias.shape != (cout,) or str(bias.dtype) != dtype:
+            raise ValueError(f"{func}(): bias must be ({cout},) {dtype}, got {bias.dtype} "
+                             f"{bias.shape}")
+    stride, padding = check_int(stride, func, "stride", 1), check_int(padding, func, "padding", 0)
+    if not isinstance(relu, bool):
+        raise TypeError(f"{func}() argument 'relu': expected a bool, got {type(relu).__name__}")
+    if route not in CONV_ROUTES:
+        raise ValueError(f"{func}() argument 'route': expected one of "
+                         f"{', '.join(map(repr, CONV_ROUTES))}, got {route!r}")
+    if precision is None:
+        precision = _core.get_float32_matmul_precision()
+    if precision not in PRECISION_CODES:
+        raise ValueError(f"{func}() argument 'precision': expected one of "
+                         f"{', '.join(map(repr, PRECISION_CODES))}, got {precision!r}")
+    oh, ow = conv_output_size(h, kh, stride, padding), conv_output_size(wd, kw, stride, padding)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{func}(): a {kh}x{kw} window with padding {padding} does not fit "
+                         f"a {h}x{wd} image")
+    if c == 0:
+        raise ValueError(f"{func}(): x has no channels")
+    layer = Conv(func, "bn", "x", "y", c, cout, kh, kw, stride, padding, relu)
+    chosen, tile = _conv_route(layer, x.shape, dtype, precision, route)
+    out = _out(out, func, (n, oh, ow, cout), dtype, x)
+    if not out.size:
+        return out
+    cin = implicit_channels(c, dtype) if chosen == ROUTE_IMPLICIT else c
+    if cin != c:
+        # The implicit GEMM reads whole vectors: the weight widened like x (zeros).
+        padded = _core.empty((cout, kh, kw, cin), dtype=dtype)
+        _run((("pad_channels", 0, 0, dtype, 1, 0, dtype, cout * kh * kw, c, cin),),
+             (w, padded), func)
+        w = padded
+    scratch_elems = (n * oh * ow * layer.k if chosen == ROUTE_IM2COL else
+                     n * h * wd * cin if cin != c else 0)
+    scratch = _core.empty((max(scratch_elems * x.itemsize, 16),), dtype="uint8")
+    slots = (x, w, out, scratch) + (() if bias is None else (bias,))
+    steps = conv_steps(layer, x.shape, chosen, tile, dtype, precision, x=(0, 0), w=(1, 0),
+                       bias=None if bias is None else (4, 0), out=(2, 0), scratch=(3, 0),
+                       k=layer.k)  # the weight as given: (cout, kh*kw*C), K unpadded
+    _run(tuple(steps), slots, func)
+    return out
+
+
+def _conv_route(layer: Conv, shape: tuple, dtype: str, precision: str,
+                route: str) -> tuple[Optional[str], int]:
+    """(route, tile) for conv2d: None for a plain GEMM (1x1, stride 1)."""
+    if layer.is_1x1 and layer.stride == 1:
+        return None, -1
+    if route == ROUTE_IM2COL:
+        return ROUTE_IM2COL, -1
+    if route == ROUTE_IMPLICIT:
+        if not CR.implicit_available(dtype, precision):
+            raise _core.CudalabError(
+                f"conv2d(): route='implicit' needs an SM80+ GPU, a build with the "
+                f"implicit-GEMM kernels, and for float32 precision 'high' (TF32); "
+                f"got {dtype} at precision {precision!r}")
+        return ROUTE_IMPLICIT, -1
+    n, h, w, c = shape
+    return CR.choose(CR.ConvShape(n, h, w, c, layer.cout, layer.kh, layer.kw, layer.stride,
+                                  layer.padding, dtype, precision, relu=layer.relu))

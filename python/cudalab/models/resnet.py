@@ -51,12 +51,15 @@ from .._check import check_int, check_seed
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 from ..nn.precision import get_precision
 from ..streams import graph as _graph
-from .arch import RESNET50, Conv, Linear, NUM_CLASSES
+from .arch import RESNET50, Conv, Linear, NUM_CLASSES, tensor_shapes
 from .cache import LRUCache
+from .conv_routes import ConvShape, implicit_tiles
+from .conv_routes import choose as choose_route
 from .imagenet import preprocess
 from .params import FoldedParams, fold
 from .plan import (ITEMSIZE, SLOT_FC_BIAS, SLOT_IMAGES, SLOT_LOGITS, SLOT_WEIGHTS,
-                   SLOT_WORKSPACE, gemm_flops, plan_forward, weight_layout)
+                   SLOT_WORKSPACE, gemm_flops, implicit_channels, needs_route, plan_forward,
+                   weight_layout)
 from .weights import from_torchvision, init_weights, load_weights
 
 __all__ = ["DEFAULT_MAX_CACHED_SHAPES", "GraphedForward", "PRECISIONS", "ResNet50", "resnet50"]
@@ -240,6 +243,14 @@ class ResNet50:
             host[w_off // size:w_off // size + w.size] = w.ravel()
             if b_off >= 0:
                 host[b_off // size:b_off // size + gemm.bias.size] = gemm.bias
+            at = self._layout.implicit.get(layer.name)
+            if at is not None:
+                # The implicit GEMM's copy: (cout, kh, kw, cin) widened with zero channels.
+                cin = implicit_channels(layer.cin, self.dtype)
+                krsc = np.zeros((layer.cout, layer.kh, layer.kw, cin), np.float32)
+                krsc[..., :layer.cin] = w[:, :layer.k].reshape(layer.cout, layer.kh, layer.kw,
+                                                               layer.cin)
+                host[at // size:at // size + krsc.size] = krsc.ravel()
         return _core.asarray(host).astype(self.dtype)
 
     @property
@@ -295,7 +306,7 @@ class ResNet50:
                 self._cache.put(key, entry, entry[1].nbytes)
             return entry
         plan = plan_forward(n, self.dtype, self._matmul_precision, self._layout, h, w,
-                            self.layers)
+                            self.layers, self._routes(n, h, w))
         nbytes = max(plan.workspace_bytes, 1)
         if not capturing:
             # Drop the least recently used shapes first, so their memory can serve this one.
@@ -311,6 +322,34 @@ class ResNet50:
         else:
             self._cache.put(key, entry, nbytes)
         return entry
+
+    def _routes(self, n: int, h: int, w: int) -> dict[str, tuple[str, int]]:
+        """Each route-taking convolution's (route, tile) for this shape (conv_routes)."""
+        shapes = tensor_shapes(n, h, w, self.layers)
+        routes = {}
+        for layer in self.layers:
+            if isinstance(layer, Conv) and needs_route(layer):
+                _, lh, lw, c = shapes[layer.src]
+                shape = ConvShape(n, lh, lw, c, layer.cout, layer.kh, layer.kw, layer.stride,
+                                  layer.padding, self.dtype, self._matmul_precision,
+                                  "float32" if layer.src == "input" else None, layer.relu)
+                routes[layer.name] = choose_route(shape, layer.residual is not None)
+        return routes
+
+    def conv_routes(self, batch: int, height: int = 224, width: int = 224) -> dict[str, str]:
+        """conv_routes(batch, height=224, width=224) -> dict
+
+        How each convolution that is not a plain GEMM runs at this shape:
+        layer name -> ``"im2col"`` or ``"implicit <tile>"``, as the forward
+        plans it (measured on first use, see :mod:`cudalab.models.conv_routes`).
+        """
+        func = "conv_routes"
+        n = check_int(batch, func, "batch", 1)
+        h, w = check_int(height, func, "height", 1), check_int(width, func, "width", 1)
+        tiles = implicit_tiles(self.dtype)
+        return {name: route if tile < 0 or route != "implicit" else
+                f"implicit {tiles[tile] if tile < len(tiles) else 'default'}"
+                for name, (route, tile) in self._routes(n, h, w).items()}
 
     def _slots(self, workspace: _core.DeviceArray, images: _core.DeviceArray,
                logits: _core.DeviceArray) -> tuple:
@@ -446,7 +485,7 @@ class ResNet50:
         """Bytes of the workspace a forward of this batch uses (allocated once, kept)."""
         batch = check_int(batch, "workspace_bytes", "batch")
         return plan_forward(batch, self.dtype, self._matmul_precision, self._layout, height,
-                            width, self.layers).workspace_bytes
+                            width, self.layers, self._routes(batch, height, width)).workspace_bytes
 
     @property
     def weight_bytes(self) -> int:
