@@ -189,7 +189,7 @@ def test_implicit_text_counts_and_lists_where_implicit_loses():
                _t("d", False, 1.0, None)]
     g, text = CG.implicit_text(timings, 128)
     assert g == pytest.approx((2.0 * 1.0 * 0.8) ** (1 / 3))
-    assert "over 3 ResNet-50 conv shapes at batch 128" in text
+    assert "on 3 shapes of ResNet-50's convolutions at batch 128" in text
     assert "faster on 1, best 2.00x on a; slower on 1: c (0.80x)" in text
 
 
@@ -214,12 +214,12 @@ def test_columns_text_sets_saved_bytes_beside_the_flat_shapes():
     assert g == pytest.approx(3 ** 0.5) and saved == pytest.approx(0.5)
     assert text.startswith("Where im2col writes columns (2 shapes) implicit GEMM moves 50% "
                            "fewer bytes and runs 1.73x")
-    assert "on the 1 1x1 stride-1 shapes" in text and "runs 0.50x" in text
+    assert "on the 1 1x1 stride-1 shape," in text and "runs 0.50x" in text
 
 
 def test_columns_text_with_only_flat_shapes():
     g, saved, text = CG.columns_text([_t("c", False, 1.0, 0.5)])
-    assert saved == 0.0 and g != g and text.startswith("On the 1 1x1 stride-1 shapes")
+    assert saved == 0.0 and g != g and text.startswith("On the 1 1x1 stride-1 shape,")
 
 
 def test_torch_text_against_cudalabs_faster_form():
@@ -227,7 +227,7 @@ def test_torch_text_against_cudalabs_faster_form():
                _t("c", True, 1.0, 1.0)]
     g, text = CG.torch_text(timings)
     assert g == pytest.approx((1.5 * 0.5) ** 0.5)
-    assert "over 2 shapes" in text and "at parity or faster on 1" in text
+    assert "over 2 shapes:" in text and "at parity or faster on 1" in text
     assert text.endswith("cuDNN faster on b (0.50x)")
     assert CG.torch_text([_t("a", True, 1.0, 1.0)])[1] == "torch's cuDNN did not run"
 
@@ -237,7 +237,7 @@ def test_compile_text():
                _t("b", True, 1.0, 1.0, cudnn_ms=1.0)]
     g, text = CG.compile_text(timings, [2.0, 4.0, 30.0])
     assert g == pytest.approx(2.0)
-    assert "over 1 shapes: 2.00x geometric mean, after 4.0 s of compiling" in text
+    assert "over 1 shape: 2.00x geometric mean, after 4.0 s of compiling" in text
     assert CG.compile_text(timings[1:], [])[1] == "torch.compile did not run"
 
 

@@ -262,6 +262,11 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def _shapes(count: int, kind: str = "") -> str:
+    """'1 shape', '3 1x1 stride-1 shapes'."""
+    return f"{count} {kind}shape" + ("" if count == 1 else "s")
+
+
 def _listed(pairs: Sequence[tuple[str, float]]) -> str:
     """'a (0.80x), b (0.90x)' for the first NAMED_AT_MOST, slowest first, and how many more."""
     pairs = sorted(pairs, key=lambda p: p[1])
@@ -281,9 +286,9 @@ def implicit_text(timings: Sequence[LayerTiming], batch: int) -> tuple[float, st
     best = max(pairs, key=lambda p: p[1])
     faster = sum(x >= 1 / LOSES_BELOW for _, x in pairs)
     slower = [p for p in pairs if p[1] < LOSES_BELOW]
-    text = (f"implicit GEMM vs im2col + GEMM over {len(pairs)} ResNet-50 conv shapes at batch "
-            f"{batch}: {g:.2f}x geometric mean, faster on {faster}, best {best[1]:.2f}x on "
-            f"{best[0]}")
+    text = (f"implicit GEMM vs im2col + GEMM on {_shapes(len(pairs))} of ResNet-50's "
+            f"convolutions at batch {batch}: {g:.2f}x geometric mean, faster on {faster}, best "
+            f"{best[1]:.2f}x on {best[0]}")
     if slower:
         return g, text + f"; slower on {len(slower)}: {_listed(slower)}"
     return g, text + f"; never more than {1 - LOSES_BELOW:.0%} slower"
@@ -300,13 +305,14 @@ def columns_text(timings: Sequence[LayerTiming]) -> tuple[float, float, str]:
              if cols else 0.0)
     parts = []
     if cols:
-        parts.append(f"where im2col writes columns ({len(cols)} shapes) implicit GEMM moves "
+        parts.append(f"where im2col writes columns ({_shapes(len(cols))}) implicit GEMM moves "
                      f"{saved:.0%} fewer bytes and runs {g_cols:.2f}x (geometric mean)")
     if flat:
         g_flat = geomean([t.im2col_s / t.implicit_s for t in flat])
-        parts.append(f"on the {len(flat)} 1x1 stride-1 shapes, whose columns are the input "
-                     f"itself, both move the same bytes and implicit GEMM runs {g_flat:.2f}x: "
-                     f"there the difference is the two kernels' own, not memory traffic")
+        parts.append(f"on the {_shapes(len(flat), '1x1 stride-1 ')}, whose columns are the "
+                     f"input itself, both move the same bytes and implicit GEMM runs "
+                     f"{g_flat:.2f}x: there the difference is the two kernels' own, not memory "
+                     f"traffic")
     text = "; ".join(parts) if parts else "implicit GEMM did not run on any shape"
     return g_cols, saved, text[0].upper() + text[1:]
 
@@ -323,7 +329,7 @@ def torch_text(timings: Sequence[LayerTiming]) -> tuple[float, str]:
     g = geomean([x for _, x in pairs])
     slower = [p for p in pairs if p[1] < LOSES_BELOW]
     text = (f"cudalab's faster form vs torch's cuDNN (channels_last, cudnn.benchmark on) "
-            f"over {len(pairs)} shapes: {g:.2f}x geometric mean (above 1: cudalab faster), "
+            f"over {_shapes(len(pairs))}: {g:.2f}x geometric mean (above 1: cudalab faster), "
             f"at parity or faster on {len(pairs) - len(slower)}")
     if slower:
         text += f"; cuDNN faster on {_listed(slower)}"
@@ -339,7 +345,7 @@ def compile_text(timings: Sequence[LayerTiming], setup_s: Sequence[float]) -> tu
     setup = f", after {statistics.median(setup_s):.1f} s of compiling per shape (median)" \
         if setup_s else ""
     return g, (f"torch.compile of the single conv + bias + ReLU vs eager cuDNN over "
-               f"{len(ratios)} shapes: {g:.2f}x geometric mean{setup}: a lone conv leaves "
+               f"{_shapes(len(ratios))}: {g:.2f}x geometric mean{setup}: a lone conv leaves "
                f"it nothing to fuse but the ReLU, the conv itself stays cuDNN's")
 
 
@@ -598,7 +604,7 @@ class _TableShape:
 def _table_row(r: LessonRun, s: ConvShape, form: str, m: Any, nbytes: Optional[int],
                im2col_s: float, setup_s: Optional[float] = None) -> None:
     r.row(layer=s.layer, kernel=f"{s.kh}x{s.kw}", path=form, batch=s.n, shape=s.text,
-          layers=s.count, ms=m.median * 1e3, mb=None if nbytes is None else nbytes / 1e6,
+          n_layers=s.count, ms=m.median * 1e3, mb=None if nbytes is None else nbytes / 1e6,
           gbps=m.gbps, tflops=m.tflops, pct_ceiling=m.percent_of_ceiling,
           ceiling=m.ceiling_name, vs_im2col=ratio(im2col_s, m.median), setup_s=setup_s)
 
@@ -756,7 +762,7 @@ def _table_findings(r: LessonRun, timings: list[LayerTiming], batch: int, dtype:
             r.claim("fusing im2col into the GEMM's own loads (implicit GEMM) saves memory "
                     "passes and time", tutorial=None, measured=g_cols, unit="x",
                     held=g_cols >= IMPLICIT_PAYS,
-                    why=f"geometric mean over the {len(cols)} shapes whose im2col writes "
+                    why=f"geometric mean over the {_shapes(len(cols))} whose im2col writes "
                         f"columns, {saved:.0%} fewer bytes; holds from {IMPLICIT_PAYS:g}x")
     r.finding(peak_text("im2col + GEMM", percents[IM2COL_FORM], peak), labels=of(IM2COL_FORM))
     if with_torch:
