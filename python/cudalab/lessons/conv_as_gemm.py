@@ -78,8 +78,6 @@ IMPLICIT_PAYS = 1.1
 LOSES_BELOW = 0.95
 # Layers named in the sentences that list where a form loses.
 NAMED_AT_MOST = 4
-# CUTLASS's tensor-core loads read the channels in 16-byte vectors: only a conv whose cin is
-# not a multiple of arch.K_ALIGN (the 3-channel stem) may be refused by route="implicit".
 
 
 # ---- the numbers' meaning (pure functions, tested on the CPU) ------------------------------
@@ -233,7 +231,9 @@ def compiles(s: ConvShape, choice: str) -> bool:
 
 
 def implicit_may_refuse(cin: int) -> bool:
-    """Whether route="implicit" may refuse a conv of `cin` channels (the 3-channel stem)."""
+    """Whether route="implicit" may refuse a conv of `cin` channels: tensor-core loads read
+    the channels in 16-byte vectors, so only a cin that is not a multiple of arch.K_ALIGN
+    (the 3-channel stem) may be refused; any other refusal is an error of the lesson's."""
     return cin % arch.K_ALIGN != 0
 
 
