@@ -49,7 +49,7 @@ declare -A PART_FILES=(
   [training]="tests/test_nn_loss_gpu.py tests/test_nn_optim_gpu.py tests/test_nn_loader_gpu.py tests/test_nn_checkpoint_gpu.py"
   [models]="tests/test_models_gpu.py tests/test_models_edges_gpu.py tests/test_models_conv_gpu.py"
   [tools]="tests/test_bench_gpu.py tests/test_profiler_gpu.py tests/test_monitor_gpu.py tests/test_pytest_plugin_gpu.py tests/test_plugin_example_gpu.py tests/test_pipeline_gpu.py"
-  [lessons]="tests/test_lessons_gpu.py tests/test_lessons_compilers_gpu.py tests/test_lessons_determinism_gpu.py tests/test_cli_lessons_gpu.py tests/test_readme_gpu.py tests/test_notebooks_gpu.py"
+  [lessons]="tests/test_lessons_gpu.py tests/test_lessons_compilers_gpu.py tests/test_lessons_determinism_gpu.py tests/test_lessons_conv_as_gemm_gpu.py tests/test_cli_lessons_gpu.py tests/test_readme_gpu.py tests/test_notebooks_gpu.py"
   [distributed]="tests/test_distributed_gpu.py tests/test_distributed_parallel_gpu.py"
 )
 PART_ORDER="core memory ops properties nn training models tools lessons distributed"
