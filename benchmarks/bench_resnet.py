@@ -64,6 +64,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import MAX_TIMES_IN_JSON, preset, require_gpu, row, torch_cuda  # noqa: E402
 
+from cudalab.models import torch_twin as TW  # noqa: E402  (torch is imported only when run)
+
 BATCHES = (1, 8, 32, 128)
 QUICK_BATCHES = (1, 8)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -71,7 +73,7 @@ SEED = 0
 OP = "resnet50"
 # torch.compile's modes the bench may run, and those it runs unless told
 # (quick: none, since compiling ResNet-50 takes tens of seconds, max-autotune minutes).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+COMPILE_MODES = TW.COMPILE_MODES
 DEFAULT_COMPILE_MODES = ("default", "max-autotune")
 # Short column names of the cudalab graph / torch.compile ratios.
 COMPILE_COLUMN = {"default": "vs c.def", "reduce-overhead": "vs c.ro", "max-autotune": "vs c.max"}
@@ -267,7 +269,6 @@ def _compiled_rows(torch: Any, twin: Any, inputs: dict, precision: str, b: int,
     import numpy as np
 
     from cudalab.lessons.inference import TOLERANCE
-    from cudalab.models import torch_twin as TW
 
     x_cl = inputs["channels_last"]
     ref = TW.host_copy(twin.call("channels_last", x_cl)())
@@ -304,7 +305,6 @@ def _precision_rows(cudalab: Any, torch: Any, cpu_module: Any, state: dict, time
                     failures: list[str] | None = None) -> list[dict]:
     from cudalab import models
     from cudalab.lessons import resnet as R
-    from cudalab.models import torch_twin as TW
 
     model = models.resnet50(state, precision=precision)
     ceiling = R.CEILING_OF[precision]
@@ -349,7 +349,6 @@ def _fp32_agreement(cudalab: Any, torch: Any, cpu_module: Any, state: dict, x_h:
     import numpy as np
 
     from cudalab import models
-    from cudalab.models import torch_twin as TW
 
     ours = models.resnet50(state, precision="fp32")(cudalab.asarray(x_h[:1])).get()
     with TW.torch_session(torch, cpu_module, "fp32") as twin:
@@ -369,7 +368,6 @@ def run(quick: bool = False, extra: dict | None = None,
     from cudalab import models
     from cudalab.bench import Timer
     from cudalab.lessons import resnet as R
-    from cudalab.models import torch_twin as TW
 
     torch = torch_cuda()
     tv = TW.torchvision_or_none() if torch is not None else None

@@ -42,7 +42,7 @@ from cudalab import nn
 
 from ..models import torch_twin as TW
 # Getting ready is timed as bench_resnet and lesson inference time it: one shared place.
-from ..models.torch_twin import FIRST_CALLS, compiling, setup_cost
+from ..models.torch_twin import COMPILE_MODES, FIRST_CALLS, compiling, setup_cost
 from ..nn import torch_twin as TT
 from . import resnet as R
 from . import training as T
@@ -51,8 +51,6 @@ from ._measuring import break_even_uses, host_time, rel_error
 from .inference import TOLERANCE
 from .registry import LessonCheckError, LessonRun, lesson
 
-# torch.compile's modes; "reduce-overhead" and "max-autotune" also replay CUDA graphs.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # What `resnet_modes` may name: torch.compile's modes and the other compilers.
 RESNET_MODES = (*COMPILE_MODES, "jit", "onnxruntime", "tensorrt")
 MLP_MODES = COMPILE_MODES

@@ -30,7 +30,7 @@ import numpy as np
 from .. import _precision
 from ..nn.precision import PRECISIONS as _NN_PRECISIONS
 
-__all__ = ["DTYPE_OF", "FIRST_CALLS", "TorchPrecision", "TorchTwin", "cache_state",
+__all__ = ["COMPILE_MODES", "DTYPE_OF", "FIRST_CALLS", "TorchPrecision", "TorchTwin", "cache_state",
            "compile_ready", "compiling", "first_calls", "fx_cache_counts", "host_copy",
            "setup_cost", "torch_resnet50", "torch_session", "torchvision_or_none"]
 
@@ -42,6 +42,8 @@ DTYPE_OF = {name: _precision.resolve(name).torch_dtype for name in _NN_PRECISION
 # CUDA-graph trees record on the second or third, TorchScript's profiling executor
 # optimizes after two, nn.Trainer captures on the second.
 FIRST_CALLS = 3
+# torch.compile's modes; "reduce-overhead" and "max-autotune" also replay CUDA graphs.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def torchvision_or_none() -> Any:
