@@ -85,14 +85,18 @@ def test_inference_compiles_fp16_in_default_mode_at_the_largest_batch_full_only(
 
 def test_compile_note_says_what_was_left_out_and_how_to_run_it():
     plan = [("fp16", 32, "default")]
-    text = INF.compile_note(plan, ("fp32", "fp16"), ("default",))
+    text = INF.compile_note(plan, ("fp32", "fp16"), ("default",), ("fp16",))
     assert text.startswith("torch.compile ran in default mode for fp16 at batch 32 only")
     assert ("`cudalab lesson inference --set compile_precisions=fp32,fp16 --set "
             "compile_modes=default,reduce-overhead,max-autotune`") in text
-    assert "did not run (compile_modes is empty)" in INF.compile_note([], ("fp16",), ())
-    assert "no precision of this run" in INF.compile_note([], ("fp32",), ("default",))
+    quick = INF.compile_note([], ("fp16",), (), ("fp16",))
+    assert "did not run (compile_modes is empty)" in quick
+    assert "compile_precisions" not in quick  # fp16 is already among them
+    text = INF.compile_note([], ("fp32",), ("default",), ("fp16",))
+    assert "no precision of this run" in text and "--set compile_precisions=fp32 " in text
     every = INF.COMPILE_MODES
-    assert INF.compile_note([("fp16", 8, m) for m in every], ("fp16",), every) is None
+    assert INF.compile_note([("fp16", 8, m) for m in every], ("fp16",), every,
+                            ("fp16", "bf16")) is None
 
 
 @pytest.mark.parametrize("ours,theirs,word", [(1.0, 1.5, "cudalab 1.50x faster"),

@@ -346,7 +346,8 @@ class ResnetRun:
         cpu_module = TW.torch_resnet50(torch, tv, self.state)
         sync = torch.cuda.synchronize
         with TW.torch_session(torch, cpu_module, self.precision) as twin:
-            made: dict[str, Any] = {}  # TorchScript made once, reused at other batches
+            made: dict[str, Any] = {}  # TorchScript made once, reused at other batches (the
+            # twin keeps torch.compile's model per mode: recompiled at a new batch shape)
             for b in self.cfg["batches"]:
                 inputs = twin.inputs(self.x_h[:b])
                 keep = TW.host_copy

@@ -149,11 +149,11 @@ def compile_plan(precisions: Sequence[str], batches: Sequence[int], modes: Seque
 
 
 def compile_note(plan: Sequence[tuple[str, int, str]], precisions: Sequence[str],
-                 modes: Sequence[str]) -> str | None:
+                 modes: Sequence[str], compile_precisions: Sequence[str]) -> str | None:
     """One sentence on what torch.compile left out of this run and how to run it (None
     when nothing was left out)."""
     done = list(dict.fromkeys(p for p, _, _ in plan))
-    rest = [p for p in precisions if p not in done]
+    rest = [p for p in precisions if p not in compile_precisions]
     rest_modes = [m for m in COMPILE_MODES if m not in modes]
     if not rest and not rest_modes:
         return None
@@ -536,7 +536,7 @@ def run(r: LessonRun) -> None:
     _findings(r, res, batches)
     if cpu_module is not None:
         _compile_findings(r, res, compiled)
-        note = compile_note(plan, precisions, modes)
+        note = compile_note(plan, precisions, modes, compile_precisions)
         for text in notes + ([note] if note else []):
             r.finding(text)
 
