@@ -52,6 +52,76 @@ def test_inference_params_are_checked(change, match):
         INF.check_params(p)
 
 
+@pytest.mark.parametrize("change,match", [
+    ({"compile_modes": ("fastest",)}, "compile_modes must be a sequence of distinct names"),
+    ({"compile_modes": "default"}, "compile_modes"),
+    ({"compile_modes": ("default", "default")}, "distinct"),
+    ({"compile_precisions": ("fp8",)}, "compile_precisions: unknown precision 'fp8'"),
+    ({"compile_precisions": "fp16"}, "compile_precisions must be a sequence"),
+])
+def test_inference_compile_params_are_checked(change, match):
+    p = {**lessons.get("inference").defaults(False), **change}
+    with pytest.raises(ValueError, match=match):
+        INF.check_params(p)
+
+
+def test_inference_compiles_fp16_in_default_mode_at_the_largest_batch_full_only():
+    x = lessons.get("inference")
+    full, quick = x.defaults(False), x.defaults(True)
+    assert INF.check_compile(full) == (("default",), ("fp16",))
+    assert INF.check_compile(quick)[0] == ()  # quick stays under 10 s: nothing compiled
+    batches, precisions, _ = INF.check_params(full)
+    assert INF.compile_plan(precisions, batches, *INF.check_compile(full)) == [
+        ("fp16", 32, "default")]
+    assert INF.check_compile({**full, "compile_modes": ("max-autotune",),
+                              "compile_precisions": ()}) == (("max-autotune",), ())
+    # the CLI's --dtype picks the run's precisions: the others in compile_precisions are skipped
+    assert INF.compile_plan(("fp32",), (1, 8), ("default",), ("fp16",)) == []
+    assert INF.compile_plan(("bf16", "fp16"), (8, 1), ("default", "max-autotune"),
+                            ("fp16", "bf16")) == [
+        ("bf16", 8, "default"), ("bf16", 8, "max-autotune"), ("fp16", 8, "default"),
+        ("fp16", 8, "max-autotune")]
+
+
+def test_compile_note_says_what_was_left_out_and_how_to_run_it():
+    plan = [("fp16", 32, "default")]
+    text = INF.compile_note(plan, ("fp32", "fp16"), ("default",), ("fp16",))
+    assert text.startswith("torch.compile ran in default mode for fp16 at batch 32 only")
+    assert ("`cudalab lesson inference --set compile_precisions=fp32,fp16 --set "
+            "compile_modes=default,reduce-overhead,max-autotune`") in text
+    quick = INF.compile_note([], ("fp16",), (), ("fp16",))
+    assert "did not run (compile_modes is empty)" in quick
+    assert "compile_precisions" not in quick  # fp16 is already among them
+    text = INF.compile_note([], ("fp32",), ("default",), ("fp16",))
+    assert "no precision of this run" in text and "--set compile_precisions=fp32 " in text
+    every = INF.COMPILE_MODES
+    assert INF.compile_note([("fp16", 8, m) for m in every], ("fp16",), every,
+                            ("fp16", "bf16")) is None
+
+
+@pytest.mark.parametrize("ours,theirs,word", [(1.0, 1.5, "cudalab 1.50x faster"),
+                                              (1.0, 1.0, "level"),
+                                              (1.0, 0.5, "torch.compile 2.00x faster")])
+def test_compiled_text(ours, theirs, word):
+    ratio, text = INF.compiled_text("fp16", 32, "default", "graph", ours * 1e-3,
+                                    theirs * 1e-3, 15.0, "cold", "graph", 2e-3)
+    assert ratio == pytest.approx(theirs / ours) and word in text
+    assert text.startswith(f"fp16 batch 32: cudalab graph {ours:.3f} ms vs torch.compile "
+                           f"default {theirs:.3f} ms: ")
+    assert "after 15.0 s of compiling (inductor's FX graph cache cold)" in text
+    # 15 s saved at (2 - theirs) ms per call
+    n = math.floor(15.0 / ((2.0 - theirs) * 1e-3)) + 1
+    assert f"against torch graph (2.000 ms) the compile pays off after {n:,} calls" in text
+
+
+def test_compiled_text_without_a_cache_state_or_a_gain():
+    _, text = INF.compiled_text("bf16", 8, "max-autotune", "eager", 1e-3, 3e-3, 200.0, None,
+                                "channels_last", 2e-3)
+    assert "compiling;" in text and "FX graph" not in text and "never pays off" in text
+    _, text = INF.compiled_text("bf16", 8, "default", "eager", 1e-3, 3e-3, 2.0, None)
+    assert text.endswith("after 2.0 s of compiling")
+
+
 def test_inference_allows_no_cpu_batch():
     p = {**lessons.get("inference").defaults(True), "cpu_batch_sizes": ()}
     assert INF.check_params(p)[2] == ()
@@ -156,6 +226,11 @@ def test_cpu_text():
 
 def test_torch_labels_pair_with_ours():
     assert INF._torch_twin_label("torch channels_last fp16 b8") == "eager fp16 b8"
+    assert INF.compile_mode("max-autotune") == "compile-max-autotune"
+    label = INF._label("torch", INF.compile_mode("max-autotune"), "fp16", 32)
+    assert label == "torch compile-max-autotune fp16 b32"
+    assert INF._torch_twin_label(label) == "graph fp16 b32"  # compiled beside compiled
+    assert INF._torch_twin_label("torch compile-default bf16 b128") == "graph bf16 b128"
     assert INF._torch_twin_label("torch graph fp16 b8") is None  # the usual rule pairs it
     assert INF._label("cudalab", "graph", "fp16", 8) == "graph fp16 b8"
     assert INF._label("torch", "graph", "fp16", 8) == "torch graph fp16 b8"
@@ -235,7 +310,8 @@ def test_command_options_become_lesson_params():
     assert params == {"batch_sizes": (32, 8), "precisions": ("fp16", "bf16"), "graph": True,
                       "cpu_batch_sizes": (1, 8)}
     lessons.registry.check_params(lessons.get("inference"), params)
-    assert INF.check_params(params)[0] == (32, 8)
+    # the lesson runs them over its full defaults (torch.compile's parameters included)
+    assert INF.check_params({**lessons.get("inference").defaults(False), **params})[0] == (32, 8)
 
 
 def test_command_smallest_batch_runs_on_the_cpu():
@@ -327,3 +403,35 @@ def test_torch_session_without_torch_yields_none():
         assert twin is None
     with TW.torch_session(object(), None, "fp16") as twin:
         assert twin is None
+
+
+# ---- torch.compile's finding and pairing from given numbers ----------------------------------
+
+
+def test_compile_finding_and_versus_pairing_from_given_numbers():
+    from _support import fake_measurement
+    from cudalab.lessons import registry
+    from cudalab.lessons.versus import versus_torch
+
+    x = lessons.get("inference")
+    r = registry.LessonRun(x, x.defaults(False), quick=False)
+    times = {"cudalab eager": 2.0e-3, "cudalab graph": 1.8e-3, "torch eager": 4.0e-3,
+             "torch channels_last": 3.0e-3, "torch graph": 2.5e-3}
+    for key, median in times.items():
+        impl, mode = key.split(" ")
+        label = INF._label(impl, mode, "fp16", 32)
+        r.add(fake_measurement(label, median=median), label)
+    label = INF._label("torch", INF.compile_mode("default"), "fp16", 32)
+    r.add(fake_measurement(label, median=1.2e-3), label)
+    INF._compile_findings(r, {"fp16": {32: times}},
+                          {("fp16", 32, "default"): {"s": 1.2e-3, "setup_s": 15.0,
+                                                     "cache": "cold"}})
+    [f] = r.findings
+    assert f.text.startswith("fp16 batch 32: cudalab graph 1.800 ms vs torch.compile default "
+                             "1.200 ms: torch.compile 1.50x faster, after 15.0 s of compiling")
+    assert "against torch graph (2.500 ms) the compile pays off after 11,539 calls" in f.text
+    assert f.value == pytest.approx(1.2 / 1.8) and label in f.labels
+    result = types.SimpleNamespace(lesson="inference", measurements=r.measurements)
+    pairs = {(p.label, p.torch_label) for p in versus_torch(result)}
+    assert ("graph fp16 b32", label) in pairs
+    assert ("eager fp16 b32", "torch channels_last fp16 b32") in pairs

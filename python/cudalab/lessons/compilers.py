@@ -29,13 +29,11 @@ to the modes its time budget affords and says which it left out.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import tempfile
-import time
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +41,8 @@ import cudalab
 from cudalab import nn
 
 from ..models import torch_twin as TW
+# Getting ready is timed as bench_resnet and lesson inference time it: one shared place.
+from ..models.torch_twin import COMPILE_MODES, FIRST_CALLS, compiling, setup_cost
 from ..nn import torch_twin as TT
 from . import resnet as R
 from . import training as T
@@ -51,8 +51,6 @@ from ._measuring import break_even_uses, host_time, rel_error
 from .inference import TOLERANCE
 from .registry import LessonCheckError, LessonRun, lesson
 
-# torch.compile's modes; "reduce-overhead" and "max-autotune" also replay CUDA graphs.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # What `resnet_modes` may name: torch.compile's modes and the other compilers.
 RESNET_MODES = (*COMPILE_MODES, "jit", "onnxruntime", "tensorrt")
 MLP_MODES = COMPILE_MODES
@@ -68,10 +66,6 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # The MLP step's precisions: fp16 needs a loss scaler (lesson `amp`), which in PyTorch
 # reads found_inf on the host every step and would break the compiled graph.
 MLP_PRECISIONS = ("fp32", "tf32", "bf16")
-# Calls a variant gets before it is timed warm: torch.compile compiles on the first,
-# CUDA-graph trees record on the second or third, TorchScript's profiling executor
-# optimizes after two, nn.Trainer captures on the second.
-FIRST_CALLS = 3
 # A compiled variant "wins" when its baseline takes at least this many times as long.
 COMPILE_WINS = 1.05
 # A CUDA graph "helps" (the work is launch-bound) from this ratio of eager to replay on.
@@ -97,12 +91,6 @@ HOST = "host clock around the call and a synchronize"
 
 
 # ---- the numbers' meaning (pure functions, tested on the CPU) ------------------------------
-
-
-def setup_cost(first_calls_s: float, calls: int, steady_s: float) -> float:
-    """Seconds a variant costs before it runs warm: the wall clock of making it and its
-    first `calls` calls, less what `calls` warm calls take (never below 0)."""
-    return max(0.0, first_calls_s - calls * steady_s)
 
 
 def baseline_of(part: str, impl: str, variant: str) -> tuple[str, str] | None:
@@ -275,21 +263,6 @@ class Variant:
         return self.part, self.impl, self.variant, self.batch
 
 
-def _first_calls(fn: Callable[[], Any] | None, sync: Callable[[], Any], keep: Callable[[Any], Any],
-                 make: Callable[[], Any] | None = None) -> tuple[float, Any, Any]:
-    """(wall seconds of `make()` and FIRST_CALLS calls of what it returns (or of `fn`),
-    a copy of the first call's output taken at once, what `make` returned)."""
-    sync()
-    start = time.perf_counter()
-    made = make() if make is not None else None
-    call = made if callable(made) else fn
-    first = keep(call())
-    for _ in range(FIRST_CALLS - 1):
-        call()
-    sync()
-    return time.perf_counter() - start, first, made
-
-
 def _timed(r: LessonRun, label: str, fn: Callable[[], Any], flops: float | None,
            on_host: bool) -> Any:
     """GPU time per call, loop-paced (no spin-kernel hold: what a serving or training loop
@@ -342,7 +315,7 @@ class ResnetRun:
         for b in self.cfg["batches"]:
             x = cudalab.asarray(self.x_h[:b])
             out = cudalab.empty((b, 1000), dtype="float32")
-            first_s, logits, _ = _first_calls(lambda: self.model.forward(x, out=out), sync,
+            first_s, logits, _ = TW.first_calls(lambda: self.model.forward(x, out=out), sync,
                                               lambda a: a.get())
             self.logits[b] = logits
             if b == self.cfg["batches"][0]:
@@ -355,7 +328,7 @@ class ResnetRun:
                 g = self.model.capture(b)
                 cudalab.copyto(g.input, x)  # the graph reads its own input buffer
                 return g.replay
-            first_s, replayed, replay = _first_calls(None, sync, lambda a: a.get(),
+            first_s, replayed, replay = TW.first_calls(None, sync, lambda a: a.get(),
                                                      make=capture)
             self.r.check(f"cudalab graph replay b{b} vs its eager forward",
                          rel_error(replayed, logits), TOL_REPLAY)
@@ -373,16 +346,17 @@ class ResnetRun:
         cpu_module = TW.torch_resnet50(torch, tv, self.state)
         sync = torch.cuda.synchronize
         with TW.torch_session(torch, cpu_module, self.precision) as twin:
-            made: dict[str, Any] = {}  # compiled once, reused (recompiled) at other batches
+            made: dict[str, Any] = {}  # TorchScript made once, reused at other batches (the
+            # twin keeps torch.compile's model per mode: recompiled at a new batch shape)
             for b in self.cfg["batches"]:
                 inputs = twin.inputs(self.x_h[:b])
-                keep = _torch_keep
+                keep = TW.host_copy
                 for mode in ("eager", "channels_last"):
                     fn = twin.call(mode, inputs[mode])
-                    first_s, got, _ = _first_calls(fn, sync, keep)
+                    first_s, got, _ = TW.first_calls(fn, sync, keep)
                     self.check(f"torch {mode}", got, b)
                     self.add("torch", mode, b, fn, first_s)
-                first_s, got, replay = _first_calls(
+                first_s, got, replay = TW.first_calls(
                     None, sync, keep, make=lambda: _graph_call(twin, inputs["channels_last"]))
                 self.check("torch graph", got, b)
                 self.add("torch", "graph", b, replay, first_s)
@@ -396,10 +370,8 @@ class ResnetRun:
         module = twin.modules["channels_last"]
         try:
             if mode in COMPILE_MODES:
-                def make() -> Callable[[], Any]:
-                    if mode not in made:
-                        made[mode] = torch.compile(module, mode=mode, dynamic=False)
-                    return lambda: made[mode](x_cl)
+                def make() -> Callable[[], Any]:  # compiled once per mode, as bench_resnet's
+                    return twin.compiled_call(mode, x_cl)
                 label, on_host = f"compile {mode}", False
             elif mode == "jit":
                 def make() -> Callable[[], Any]:
@@ -419,7 +391,7 @@ class ResnetRun:
                     if mode == "onnxruntime":
                         return _onnxruntime(torch, module, inputs["eager"])
                     return _tensorrt(torch, module, x_cl, twin.dtype)
-            first_s, got, fn = _first_calls(None, sync, _torch_keep, make=make)
+            first_s, got, fn = TW.first_calls(None, sync, TW.host_copy, make=make)
         except LessonCheckError:
             raise
         except Exception as exc:  # an optional compiler that does not handle this model here
@@ -428,12 +400,6 @@ class ResnetRun:
         impl = label if label in ("onnxruntime", "tensorrt") else "torch"
         self.check(label, got, b)
         self.add(impl, label, b, fn, first_s, on_host)
-
-
-def _torch_keep(out: Any) -> np.ndarray:
-    """A host copy of a torch output, taken before the next call may overwrite it (CUDA-graph
-    modes reuse their output buffers)."""
-    return out.float().cpu().numpy()
 
 
 def _graph_call(twin: Any, x_cl: Any) -> Callable[[], Any]:
@@ -538,12 +504,12 @@ class MlpRun:
         def step(x: Any, labels: Any) -> Any:
             return nn.train_step(model, opt, x, labels, prec, None)
         fn = T.cycle(step, self.batches)
-        first_s, loss, _ = _first_calls(fn, cudalab.synchronize, lambda a: a.get())
+        first_s, loss, _ = TW.first_calls(fn, cudalab.synchronize, lambda a: a.get())
         self.add("cudalab", "eager", fn, first_s, float(loss))
         model, opt = self._model()
         trainer = nn.Trainer(model, opt, prec, None, graph=True)
         fn = T.cycle(trainer.step, self.batches)
-        first_s, loss, _ = _first_calls(fn, cudalab.synchronize, lambda a: a.get())
+        first_s, loss, _ = TW.first_calls(fn, cudalab.synchronize, lambda a: a.get())
         self.add("cudalab", "graph", fn, first_s, float(loss.reshape(-1)[0]))
 
     def theirs(self, torch: Any, notes: list[str]) -> None:
@@ -554,7 +520,7 @@ class MlpRun:
                 try:
                     step = self._torch_step(torch, None if mode == "eager" else mode)
                     fn = T.cycle(step, tb)
-                    first_s, loss, _ = _first_calls(fn, torch.cuda.synchronize,
+                    first_s, loss, _ = TW.first_calls(fn, torch.cuda.synchronize,
                                                     lambda t: float(t))
                 except LessonCheckError:
                     raise
@@ -587,30 +553,6 @@ class MlpRun:
             opt.step()
             return loss.detach().clone()  # CUDA-graph modes reuse the loss's buffer
         return step
-
-
-# ---- torch.compile's settings ----------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def compiling(torch: Any) -> Iterator[None]:
-    """``with compiling(torch):`` inductor compiles with every core; after it, torch's
-    compile caches are reset (torch._dynamo.reset()) so later lessons in the process start
-    clean, and the setting is restored."""
-    try:
-        config = importlib.import_module("torch._inductor.config")
-        saved = config.compile_threads
-    except Exception:  # a torch without inductor: torch.compile will say why, per variant
-        config = None
-    else:
-        config.compile_threads = os.cpu_count() or 1
-    try:
-        yield
-    finally:
-        if config is not None:
-            config.compile_threads = saved
-        with contextlib.suppress(Exception):
-            importlib.import_module("torch._dynamo").reset()
 
 
 # ---- rows and findings ----------------------------------------------------------------------

@@ -10,9 +10,13 @@ ceiling of that precision: small batches leave most of the GPU idle, large
 ones approach what the GEMMs alone could do. Where torch and torchvision are
 installed, torchvision's resnet50() with the same weights runs beside it:
 eager NCHW, channels_last, and channels_last replayed from a
-torch.cuda.CUDAGraph. GPU times are CUDA events around back-to-back
-forwards with no spin-kernel hold, so a forward the host issues slower than
-the GPU runs it is timed at the host's pace, as a serving loop sees it.
+torch.cuda.CUDAGraph, and compiled by torch.compile in each of
+`compile_modes` (static shapes, at the largest batch, for the precisions in
+`compile_precisions`), with the wall clock of getting it ready (compiling,
+autotuning in max-autotune, and the first calls, less those calls warm) as
+its own row. GPU times are CUDA events around back-to-back forwards with no
+spin-kernel hold, so a forward the host issues slower than the GPU runs it
+is timed at the host's pace, as a serving loop sees it.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import cudalab
 from ..bench import ceiling, host_clock, host_measurement
 from ..models import torch_twin as TW
 from . import resnet as R
-from ._measuring import rel_error
+from ._measuring import break_even_uses, rel_error
 from . import _params as P
-from .registry import LessonRun, lesson
+from .registry import LessonCheckError, LessonRun, lesson
 
 # GPU logits vs the float32 NumPy reference, relative to the largest |logit|:
 # fp32 accumulates in fp32 (order differs); tf32 and fp16 keep 10 explicit
@@ -49,6 +53,13 @@ LEVEL_WITH_TORCH = 0.95
 LOW_PCT_PEAK = 20.0
 # Host-clock repeats of the CPU forward per mode (the call takes 0.1-1 s).
 CPU_REPEATS = {True: 1, False: 3}
+# torch.compile's modes the lesson may run (lesson compilers times them all).
+COMPILE_MODES = TW.COMPILE_MODES
+# The full run compiles in default mode, fp16 only, at the largest batch: compiling
+# ResNet-50 takes ~15 s per precision and mode on an H200 with a cold inductor cache
+# (max-autotune minutes), and the full lesson's 84 s leave room for one.
+FULL_COMPILE_MODES = ("default",)
+FULL_COMPILE_PRECISIONS = ("fp16",)
 SEED = 0
 
 
@@ -105,6 +116,64 @@ def torch_text(precision: str, batch: int, ours_s: float, torch_s: float,
     return ratio, text + f"torch is {1 / ratio:.2f}x faster"
 
 
+def compiled_text(precision: str, batch: int, mode: str, ours: str, ours_s: float,
+                  compiled_s: float, setup_s: float, cache: str | None,
+                  base: str | None = None, base_s: float | None = None) -> tuple[float, str]:
+    """(torch.compile's time / cudalab's `ours` mode's, one sentence with what compiling cost
+    and, given torch's uncompiled `base` time, after how many calls it pays off)."""
+    ratio = compiled_s / ours_s if ours_s > 0 else float("inf")
+    text = (f"{precision} batch {batch}: cudalab {ours} {ours_s * 1e3:.3f} ms vs torch.compile "
+            f"{mode} {compiled_s * 1e3:.3f} ms: ")
+    if ratio >= 1 / LEVEL_WITH_TORCH:
+        text += f"cudalab {ratio:.2f}x faster"
+    elif ratio >= LEVEL_WITH_TORCH:
+        text += "level"
+    else:
+        text += f"torch.compile {1 / ratio:.2f}x faster"
+    text += (f", after {setup_s:.1f} s of compiling"
+             + (f" (inductor's FX graph cache {cache})" if cache else ""))
+    if base is not None and base_s is not None:
+        n = break_even_uses(setup_s, base_s, compiled_s)
+        text += (f"; against torch {base} ({base_s * 1e3:.3f} ms) the compile "
+                 + ("never pays off" if n is None else f"pays off after {n:,} calls"))
+    return ratio, text
+
+
+def compile_plan(precisions: Sequence[str], batches: Sequence[int], modes: Sequence[str],
+                 compile_precisions: Sequence[str]) -> list[tuple[str, int, str]]:
+    """(precision, batch, mode) the run compiles: the largest batch, each precision of the
+    run among `compile_precisions` (others are skipped: the CLI's --dtype picks the run's),
+    each mode."""
+    big = max(batches)
+    return [(p, big, m) for p in precisions if p in compile_precisions for m in modes]
+
+
+def compile_note(plan: Sequence[tuple[str, int, str]], precisions: Sequence[str],
+                 modes: Sequence[str], compile_precisions: Sequence[str]) -> str | None:
+    """One sentence on what torch.compile left out of this run and how to run it (None
+    when nothing was left out)."""
+    done = list(dict.fromkeys(p for p, _, _ in plan))
+    rest = [p for p in precisions if p not in compile_precisions]
+    rest_modes = [m for m in COMPILE_MODES if m not in modes]
+    if not rest and not rest_modes:
+        return None
+    if not modes:
+        what = "torch.compile did not run (compile_modes is empty)"
+    elif not plan:
+        what = "torch.compile did not run (no precision of this run is in compile_precisions)"
+    else:
+        what = (f"torch.compile ran in {', '.join(modes)} mode for {', '.join(done)} at batch "
+                f"{plan[0][1]} only")
+    sets = []
+    if rest:
+        sets.append(f"compile_precisions={','.join(precisions)}")
+    if rest_modes:
+        sets.append(f"compile_modes={','.join(COMPILE_MODES)}")
+    return (f"{what}: compiling ResNet-50 takes ~15 s per precision and mode on a cold "
+            f"inductor cache (max-autotune benchmarks every kernel choice: minutes). Run more "
+            f"with `cudalab lesson inference --set {' --set '.join(sets)}`")
+
+
 def cpu_text(batch: int, cpu_s: float, gpu_s: float, cpu_name: str) -> tuple[float, str]:
     """(CPU time / GPU time, one sentence)."""
     speedup = cpu_s / gpu_s if gpu_s > 0 else float("inf")
@@ -113,13 +182,33 @@ def cpu_text(batch: int, cpu_s: float, gpu_s: float, cpu_name: str) -> tuple[flo
 
 
 def check_params(p: Any) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...]]:
-    """(batch sizes, precisions, CPU batch sizes) from the lesson's parameters, checked."""
+    """(batch sizes, precisions, CPU batch sizes) from the lesson's parameters, checked
+    (the compile parameters too: `check_compile`)."""
     batches = R.check_batch_sizes(p["batch_sizes"], "lesson 'inference': batch_sizes")
     precisions = R.check_precisions(p["precisions"], "lesson 'inference': precisions")
     cpu = R.check_batch_sizes(p["cpu_batch_sizes"], "lesson 'inference': cpu_batch_sizes") \
         if len(p["cpu_batch_sizes"]) else ()
     P.bools("inference", p, "graph")
+    check_compile(p)
     return batches, precisions, cpu
+
+
+def check_compile(p: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(compile modes, compile precisions): each a sequence, possibly empty, of distinct
+    names among COMPILE_MODES and the precisions."""
+    modes = p["compile_modes"]
+    if (isinstance(modes, (str, bytes)) or not hasattr(modes, "__len__")
+            or not all(isinstance(m, str) and m in COMPILE_MODES for m in modes)
+            or len(set(modes)) != len(modes)):
+        raise ValueError(f"lesson 'inference': compile_modes must be a sequence of distinct "
+                         f"names among {', '.join(COMPILE_MODES)} (empty: none), got {modes!r}")
+    precs = p["compile_precisions"]
+    if isinstance(precs, (str, bytes)) or not hasattr(precs, "__len__"):
+        raise ValueError(f"lesson 'inference': compile_precisions must be a sequence of "
+                         f"precisions (empty: none), got {precs!r}")
+    precs = R.check_precisions(precs, "lesson 'inference': compile_precisions") \
+        if len(precs) else ()
+    return tuple(modes), precs
 
 
 def _label(impl: str, mode: str, precision: str, batch: int) -> str:
@@ -132,10 +221,21 @@ def _cpu_label(impl: str, batch: int) -> str:
     return _label(impl, "cpu", "fp32", batch)
 
 
+def compile_mode(mode: str) -> str:
+    """A torch.compile row's mode: 'compile-max-autotune' (its label
+    'torch compile-max-autotune fp16 b32')."""
+    return f"compile-{mode}"
+
+
 def _torch_twin_label(label: str) -> str | None:
-    """torch's channels_last rows pair with cudalab's eager (NHWC is its only layout)."""
+    """torch's channels_last rows pair with cudalab's eager (NHWC is its only layout);
+    torch.compile's with cudalab's CUDA graph (compiled beside compiled: one program
+    planned per batch shape, replayed)."""
     if label.startswith("torch channels_last "):
         return "eager " + label[len("torch channels_last "):]
+    if label.startswith("torch compile-"):
+        _, _, rest = label[len("torch compile-"):].partition(" ")
+        return "graph " + rest if rest else None
     return None
 
 
@@ -243,9 +343,43 @@ def _theirs(r: LessonRun, torch: Any, twin: Any, model: Any, precision: str, b: 
     return times
 
 
+def _compiled(r: LessonRun, torch: Any, twin: Any, model: Any, precision: str, b: int,
+              mode: str, x_h: np.ndarray, ref1: np.ndarray | None,
+              notes: list[str]) -> dict[str, Any] | None:
+    """torch.compile of the twin in `mode` at batch `b`, on a fresh dynamo cache: its
+    logits checked, timed like the other torch rows, and getting ready as its own row;
+    {"s", "setup_s", "cache"}, or None (and a note) when compiling fails here."""
+    x_cl = twin.inputs(x_h[:b])["channels_last"]
+    label = _label("torch", compile_mode(mode), precision, b)
+    try:
+        with TW.compiling(torch):  # dynamo reset after: later compiles start afresh
+            seconds, first, call, cache = TW.compile_ready(torch, twin, mode, x_cl)
+            if ref1 is not None:
+                r.check(f"torch.compile {mode} {precision} logits (batch {b}, image 0) vs the "
+                        f"NumPy reference", rel_error(first[:1], ref1), TOLERANCE[precision])
+            m = _gpu_measure(r, label, call, model.gemm_flops(b), precision)
+            del call
+    except LessonCheckError:
+        raise
+    except Exception as exc:  # a torch whose inductor or triton does not work here
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        notes.append(f"torch.compile {mode} of ResNet-50 ({precision}, batch {b}) failed, so "
+                     f"it has no row: {type(exc).__name__}: {first_line}")
+        return None
+    _row(r, "torch", "gpu", compile_mode(mode), precision, b, m)
+    setup_s = TW.setup_cost(seconds, TW.FIRST_CALLS, m.median)
+    r.row(impl="torch", device="host", mode=f"{compile_mode(mode)}: getting ready",
+          precision=precision, batch=b, setup_s=setup_s, fx_cache=cache)
+    return {"s": m.median, "setup_s": setup_s, "cache": cache}
+
+
 def _precision(r: LessonRun, state: dict, precision: str, batches: Sequence[int],
-               x_h: np.ndarray, ref1: np.ndarray | None, cpu_module: Any) -> dict:
-    """Every batch of one precision: cudalab (eager, graph) and torch; {batch: {impl mode: s}}."""
+               x_h: np.ndarray, ref1: np.ndarray | None, cpu_module: Any,
+               plan: Sequence[tuple[str, int, str]] = (), compiled: dict | None = None,
+               notes: list[str] | None = None) -> dict:
+    """Every batch of one precision: cudalab (eager, graph) and torch; {batch: {impl mode: s}}.
+    torch.compile's results of the `plan`'s entries go to `compiled[(precision, batch,
+    mode)]`."""
     from .. import models
 
     model = models.resnet50(state, precision=precision)
@@ -260,6 +394,11 @@ def _precision(r: LessonRun, state: dict, precision: str, batches: Sequence[int]
             if twin is not None:
                 times.update({f"torch {k}": v for k, v in
                               _theirs(r, torch, twin, model, precision, b, x_h, ref1).items()})
+                for mode in [m for p, bb, m in plan if (p, bb) == (precision, b)]:
+                    done = _compiled(r, torch, twin, model, precision, b, mode, x_h, ref1,
+                                     [] if notes is None else notes)
+                    if done is not None and compiled is not None:
+                        compiled[(precision, b, mode)] = done
             got[b] = times
             model.release(b)
     model.release()
@@ -324,6 +463,22 @@ def _findings(r: LessonRun, res: dict[str, dict], batches: Sequence[int]) -> Non
     _half_findings(r, res, big)
 
 
+def _compile_findings(r: LessonRun, res: dict[str, dict], compiled: dict) -> None:
+    """cudalab's compiled program (its CUDA graph, else eager) against each torch.compile
+    mode run, with what compiling cost and when it pays off against torch's best
+    uncompiled mode."""
+    for (prec, b, mode), c in compiled.items():
+        times = res[prec][b]
+        ours = "graph" if "cudalab graph" in times else "eager"
+        base, base_s = _best(times, "torch")
+        ratio, text = compiled_text(prec, b, mode, ours, times[f"cudalab {ours}"], c["s"],
+                                    c["setup_s"], c["cache"], base, base_s)
+        r.finding(text, value=ratio, unit="x",
+                  labels=(_label("cudalab", ours, prec, b),
+                          _label("torch", compile_mode(mode), prec, b),
+                          _label("torch", base, prec, b)))
+
+
 def _half_findings(r: LessonRun, res: dict[str, dict], big: int) -> None:
     if "fp32" not in res:
         return
@@ -350,15 +505,17 @@ def _half_findings(r: LessonRun, res: dict[str, dict], big: int) -> None:
         seed="step-by-step guide: model_inference_comparison.py (--model-name resnet50 "
              "--batch-sizes 1,8,16,32; FP16/BF16 for faster inference)",
         params={"batch_sizes": (1, 8, 16, 32), "precisions": R.PRECISIONS, "graph": True,
-                "cpu_batch_sizes": (1, 8)},
+                "cpu_batch_sizes": (1, 8), "compile_modes": FULL_COMPILE_MODES,
+                "compile_precisions": FULL_COMPILE_PRECISIONS},
         quick_params={"batch_sizes": (1, 8), "precisions": ("fp16",),
-                      "cpu_batch_sizes": ()},
+                      "cpu_batch_sizes": (), "compile_modes": ()},
         torch_twin=_torch_twin_label,
         check=check_params)
 def run(r: LessonRun) -> None:
     from .. import models
 
     batches, precisions, cpu_batches = check_params(r.params)
+    modes, compile_precisions = check_compile(r.params)
     state = models.init_weights(seed=SEED)
     params = models.fold(state)
     x_h = R.images(SEED, max(batches + cpu_batches + (1,)))
@@ -370,9 +527,18 @@ def run(r: LessonRun) -> None:
     cpu_module = torch_cpu[1] if torch_cpu is not None and r.torch() is not None else None
     for name in sorted({R.CEILING_OF[p] for p in precisions}):
         ceiling(name)  # measured once, before any forward is timed
-    res = {prec: _precision(r, state, prec, batches, x_h, ref1, cpu_module)
+    plan = compile_plan(precisions, batches, modes, compile_precisions)
+    compiled: dict[tuple[str, int, str], dict] = {}
+    notes: list[str] = []
+    res = {prec: _precision(r, state, prec, batches, x_h, ref1, cpu_module, plan, compiled,
+                            notes)
            for prec in precisions}
     _findings(r, res, batches)
+    if cpu_module is not None:
+        _compile_findings(r, res, compiled)
+        note = compile_note(plan, precisions, modes, compile_precisions)
+        for text in notes + ([note] if note else []):
+            r.finding(text)
 
 
 @run.plot
