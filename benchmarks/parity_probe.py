@@ -33,6 +33,7 @@ others still run. A probe is skipped once the time budget is spent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -146,8 +147,11 @@ def summarize_trace(events: Iterable[Mapping[str, Any]], calls: int) -> dict[str
         "gemm_us_per_call": sum(g["total_us"] for g in kernels if is_gemm(g["name"])) / calls,
         "other_kernel_us_per_call": sum(g["total_us"] for g in kernels
                                         if not is_gemm(g["name"])) / calls,
+        # Waits (cudaDeviceSynchronize, cudaStreamSynchronize...) measure the GPU, not the
+        # call's host work: left out of the API total.
         "api_us_per_call": sum(g["total_us"] for g in items
-                               if g["category"] in ("cuda_runtime", "cuda_driver")) / calls,
+                               if g["category"] in ("cuda_runtime", "cuda_driver")
+                               and "Synchronize" not in g["name"]) / calls,
     }
 
 
@@ -317,40 +321,41 @@ def _busy_host_times(cl: Any, cases: Mapping[str, Callable[[], Any]], repeats: i
 
 
 def probe_timing(cl: Any, torch: Any) -> dict[str, Any]:
+    from cudalab.nn import torch_twin as TT
+    from cudalab.nn.precision import get_precision
+
     p = Probe(cl, torch, "timing: host clock around an unsynchronized matmul")
     n = 8192
     a = cl.random.normal((n, n), dtype="float32", seed=15)
     b = cl.random.normal((n, n), dtype="float32", seed=16)
     out = cl.empty((n, n))
     small_a, small_b = cl.random.normal((1024, 1024), seed=3), cl.random.normal((1024, 1024), seed=4)
+    # matmul's precision names from the one table (cudalab.nn.precision).
+    fp32 = get_precision("fp32").matmul_precision or "highest"
+    tf32 = get_precision("tf32").matmul_precision
     ours = {
-        "8192 fp32": lambda: cl.matmul(a, b, precision="highest"),
-        "8192 fp32 out=": lambda: cl.matmul(a, b, out=out, precision="highest"),
-        "8192 tf32": lambda: cl.matmul(a, b, precision="high"),
-        "1024 fp32": lambda: cl.matmul(small_a, small_b, precision="highest"),
+        "8192 fp32": lambda: cl.matmul(a, b, precision=fp32),
+        "8192 fp32 out=": lambda: cl.matmul(a, b, out=out, precision=fp32),
+        "8192 tf32": lambda: cl.matmul(a, b, precision=tf32),
+        "1024 fp32": lambda: cl.matmul(small_a, small_b, precision=fp32),
         "alloc 256 MiB + free": lambda: cl.empty((n, n)),
     }
     theirs: dict[str, Callable[[], Any]] = {}
     if torch is not None:
         ta, tb, tout = torch.from_dlpack(a), torch.from_dlpack(b), torch.empty((n, n), device="cuda")
         tsa, tsb = torch.from_dlpack(small_a), torch.from_dlpack(small_b)
-        m = torch.backends.cuda.matmul
+        on = TT.Tf32(torch, True)
 
-        def tf32(on: bool, f: Callable[[], Any]) -> Callable[[], Any]:
+        def with_tf32(f: Callable[[], Any]) -> Callable[[], Any]:
             def call() -> Any:
-                before = m.allow_tf32
-                m.allow_tf32 = on
-                try:
+                with on:
                     return f()
-                finally:
-                    m.allow_tf32 = before
             return call
 
-        m.allow_tf32 = False  # torch's default; the float32 cases below take it as it is
         theirs = {
             "8192 fp32": lambda: torch.matmul(ta, tb),
             "8192 fp32 out=": lambda: torch.mm(ta, tb, out=tout),
-            "8192 tf32": tf32(True, lambda: torch.matmul(ta, tb)),
+            "8192 tf32": with_tf32(lambda: torch.matmul(ta, tb)),
             "1024 fp32": lambda: torch.matmul(tsa, tsb),
             "alloc 256 MiB + free": lambda: torch.empty((n, n), device="cuda"),
         }
@@ -404,9 +409,11 @@ def probe_timing(cl: Any, torch: Any) -> dict[str, Any]:
                 p.add(f"profiler, {k}: CUDA API us per call", o["api_us_per_call"],
                       th["api_us_per_call"], note="see details: calls by name")
 
-    for name, fn in (("host time, GPU idle", idle), ("host time, GPU busy", busy),
-                     ("cuBLAS backend", backend), ("profiler", traces)):
-        p.part(name, fn)
+    # torch's float32 matmuls in true fp32, as the lesson runs them.
+    with TT.Tf32(torch, False) if torch is not None else contextlib.nullcontext():
+        for name, fn in (("host time, GPU idle", idle), ("host time, GPU busy", busy),
+                         ("cuBLAS backend", backend), ("profiler", traces)):
+            p.part(name, fn)
     return p.result()
 
 

@@ -70,19 +70,21 @@ def test_summarize_trace_groups_and_gaps(pp):
         _ev("cuda_runtime", "cudaLaunchKernel", 90, 4),
         _ev("cuda_runtime", "cudaLaunchKernel", 95, 2),
         _ev("cuda_driver", "cuLaunchKernelEx", 96, 6),
+        _ev("cuda_runtime", "cudaDeviceSynchronize", 97, 5000),  # a wait: not host work
         _ev("cpu_op", "aten::mul", 80, 50),                 # not a kept category
         {"ph": "i", "cat": "kernel", "name": "marker", "ts": 1},  # not a complete event
     ]
     s = pp.summarize_trace(events, calls=2)
     by = {(g["category"], g["name"]): g for g in s["groups"]}
     assert set(by) == {("kernel", "ew_contiguous"), ("kernel", "sm90_xmma_gemm"),
-                       ("cuda_runtime", "cudaLaunchKernel"), ("cuda_driver", "cuLaunchKernelEx")}
+                       ("cuda_runtime", "cudaLaunchKernel"), ("cuda_driver", "cuLaunchKernelEx"),
+                       ("cuda_runtime", "cudaDeviceSynchronize")}
     ew = by[("kernel", "ew_contiguous")]
     assert (ew["count"], ew["total_us"], ew["per_call"], ew["us_per_call"], ew["mean_us"]) == \
         (2, 20.0, 1.0, 10.0, 10.0)
     assert ew["grid"] == [4096, 1, 1] and ew["block"] == [256, 1, 1]
     assert by[("cuda_runtime", "cudaLaunchKernel")]["max_us"] == 4
-    assert s["groups"][0]["name"] == "ew_contiguous"  # largest total first (20 = 20, stable)
+    assert [g["name"] for g in s["groups"][:2]] == ["cudaDeviceSynchronize", "ew_contiguous"]
     assert s["kernel_busy_us_per_call"] == pytest.approx(40 / 2)
     assert s["kernel_span_us_per_call"] == pytest.approx((150 - 100) / 2)
     assert s["gemm_us_per_call"] == pytest.approx(10.0)
