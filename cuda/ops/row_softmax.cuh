@@ -150,6 +150,48 @@ load_unrolled(T (&v)[kUnroll][kVec], const T *src, int64_t i, int64_t step, int6
     }
 }
 
+// Add one step's loaded values (those inside the row; the rest are -inf) to
+// the running (m, s): the step's own max first, one rescale of s, then
+// kUnroll * kVec independent exps summed per unroll slot. Adding element by
+// element (add above) chains every exp behind the previous compare and sum;
+// a row owned by one block is bound by that chain, not by bandwidth. The
+// special values come out as add gives them: a NaN or +inf makes s NaN, -inf
+// adds 0 (also while m is still -inf).
+template <typename T, int kVec, typename A>
+__device__ __forceinline__ void
+add_step(MaxSum<A> &r, const T (&v)[kUnroll][kVec], int64_t i, int64_t step, int64_t len)
+{
+    A x[kUnroll][kVec];
+    A cm = neg_inf<A>();
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+        const bool inside = i + u * step < len;
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            x[u][j] = inside ? static_cast<A>(cl::widen(v[u][j])) : neg_inf<A>();
+            cm = max_(cm, x[u][j]);
+        }
+    }
+    const A m = max_(r.m, cm);
+    A part[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+        part[u] = A(0);
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            if (x[u][j] != neg_inf<A>()) {
+                part[u] += exp_(x[u][j] - m);
+            }
+        }
+    }
+    A s = rescale(r.s, r.m, m);
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+        s += part[u];
+    }
+    r = MaxSum<A>{m, s};
+}
+
 // The first pass of a block-per-row kernel: the running (max, sum) over the
 // `len` elements of the row at src (kVec elements per access), combined
 // across the block; every thread gets it.
@@ -163,15 +205,7 @@ block_row_max_sum(const T *src, int64_t len)
     for (int64_t i = threadIdx.x * kVec; i < len; i += kUnroll * step) {
         T v[kUnroll][kVec];
         load_unrolled<T, kVec>(v, src, i, step, len);
-#pragma unroll
-        for (int u = 0; u < kUnroll; u++) {
-            if (i + u * step < len) {
-#pragma unroll
-                for (int j = 0; j < kVec; j++) {
-                    add(r, static_cast<A>(cl::widen(v[u][j])));
-                }
-            }
-        }
+        add_step<T, kVec>(r, v, i, step, len);
     }
     return block_combine(r);
 }
