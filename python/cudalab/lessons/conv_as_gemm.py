@@ -700,7 +700,8 @@ def _table(r: LessonRun, dtype: str, batch: int, layers: Any, choice: str) -> No
         r.finding("this build of cudalab has no models.ops.conv2d: the per-layer table of "
                   "im2col + GEMM vs implicit GEMM needs it")
         return
-    implicit = ops.implicit_gemm_available()
+    # float32 runs true fp32 here, which the implicit GEMM (TF32 only) does not do.
+    implicit = ops.implicit_gemm_available(dtype, "highest")
     torch = r.torch()
     shapes = table_shapes(batch, layers)
     checked = reference_shape(shapes)
