@@ -14,6 +14,12 @@ kernels and cuBLAS; this package re-exports its API with names that follow
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+# NumPy's Python package before the extension: _core's init imports NumPy's C API
+# (only numpy._core._multiarray_umath) and then ml_dtypes, and with NumPy 2.5.2 and
+# ml_dtypes 0.6.0 that order crashed the interpreter in ml_dtypes' init (an H100 test
+# machine, `python -c "import cudalab"`); `import numpy, cudalab` never did.
+import numpy as _numpy  # noqa: F401
+
 try:
     from . import _core
 except ImportError as _error:
