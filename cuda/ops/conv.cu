@@ -54,16 +54,18 @@ __device__ __forceinline__ RowCoord row_coord(int r, int oh_size, int ow_size)
 // 16-byte store. With C % VEC == 0 (and Tin == Tout) the VEC columns are one
 // tap's channels: one 16-byte load. Otherwise (the stem: C = 3, float32 in)
 // the thread walks its columns tap by tap with scalar loads.
-template <typename Tin, typename Tout, int VEC, bool CHANNEL_VECTORS>
+// Index: the flat loop index, 32-bit whenever the launch allows (a 64-bit
+// division per vector cost the stem's gather a third of its time).
+template <typename Index, typename Tin, typename Tout, int VEC, bool CHANNEL_VECTORS>
 __global__ void im2col_kernel(Tout *__restrict__ dst, const Tin *__restrict__ src,
-                              cl_conv_geometry g, int64_t total)
+                              cl_conv_geometry g, Index total)
 {
     const int cols = g.k_padded / VEC;
     const int k = g.kh * g.kw * g.c;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < total;
+         i += (Index)gridDim.x * blockDim.x) {
         int r = (int)(i / cols);
-        int j = (int)(i - (int64_t)r * cols) * VEC;
+        int j = (int)(i - (Index)r * cols) * VEC;
         RowCoord p = row_coord(r, g.oh, g.ow);
         const int ih0 = p.oh * g.stride - g.padding, iw0 = p.ow * g.stride - g.padding;
         const Tin *image = src + (int64_t)p.n * g.h * g.w * g.c;
@@ -101,6 +103,59 @@ __global__ void im2col_kernel(Tout *__restrict__ dst, const Tin *__restrict__ sr
     }
 }
 
+// A few channels per tap (the stem: 3 float32 channels) are not one vector,
+// and gathering them element by element from global memory made the stem's
+// im2col the slowest step per byte. Here a block takes ROWS consecutive
+// output pixels of one output row: it first stages the kh input rows their
+// windows cover (converted to Tout, zeros over the padding) in shared
+// memory with coalesced loads, and a table of each column's offset in that
+// patch; then every output row is the same gather shifted by stride * c, and
+// is written as 16-byte vectors.
+template <typename Tin, typename Tout, int ROWS>
+__global__ void im2col_rows_kernel(Tout *__restrict__ dst, const Tin *__restrict__ src,
+                                   cl_conv_geometry g)
+{
+    extern __shared__ __align__(16) unsigned char staged[];
+    constexpr int VEC = 16 / sizeof(Tout);
+    const int tiles = (g.ow + ROWS - 1) / ROWS;
+    const int tile = blockIdx.x % tiles;
+    const int oh = (blockIdx.x / tiles) % g.oh;
+    const int n = blockIdx.x / tiles / g.oh;
+    const int ow0 = tile * ROWS;
+    const int count = min(ROWS, g.ow - ow0);
+    const int w_in = (ROWS - 1) * g.stride + g.kw;
+    const int k = g.kh * g.kw * g.c;
+    int *column = reinterpret_cast<int *>(staged);
+    Tout *patch = reinterpret_cast<Tout *>(staged + ((g.k_padded * sizeof(int) + 15) & ~15));
+    for (int j = threadIdx.x; j < g.k_padded; j += blockDim.x) {
+        const int tap = j / g.c;
+        column[j] = j < k ? ((tap / g.kw) * w_in + tap % g.kw) * g.c + j % g.c : -1;
+    }
+    const int ih0 = oh * g.stride - g.padding, iw0 = ow0 * g.stride - g.padding;
+    const Tin *image = src + (int64_t)n * g.h * g.w * g.c;
+    for (int e = threadIdx.x; e < g.kh * w_in * g.c; e += blockDim.x) {
+        const int ch = e % g.c, x = (e / g.c) % w_in, ky = e / g.c / w_in;
+        const int ih = ih0 + ky, iw = iw0 + x;
+        patch[e] = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w
+                       ? cl::convert<Tout>(image[((int64_t)ih * g.w + iw) * g.c + ch])
+                       : cl::convert<Tout>(0.0f);
+    }
+    __syncthreads();
+    const int vecs = g.k_padded / VEC;
+    Vec<Tout, VEC> *rows = reinterpret_cast<Vec<Tout, VEC> *>(
+        dst + (((int64_t)n * g.oh + oh) * g.ow + ow0) * g.k_padded);
+    for (int v = threadIdx.x; v < count * vecs; v += blockDim.x) {
+        const int r = v / vecs, j0 = (v - r * vecs) * VEC, shift = r * g.stride * g.c;
+        Vec<Tout, VEC> out;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const int at = column[j0 + e];
+            out.v[e] = at >= 0 ? patch[at + shift] : cl::convert<Tout>(0.0f);
+        }
+        rows[v] = out;
+    }
+}
+
 // The larger of a and b, NaN if either is NaN (torch's max_pool2d propagates
 // NaN; fmaxf and a plain `a >= b ? a : b` would drop a NaN held in `a`).
 template <typename T> __device__ __forceinline__ T max_of(T a, T b)
@@ -110,15 +165,15 @@ template <typename T> __device__ __forceinline__ T max_of(T a, T b)
 }
 
 // One thread per VEC channels of one output pixel.
-template <typename T, int VEC>
+template <typename Index, typename T, int VEC>
 __global__ void max_pool_kernel(T *__restrict__ dst, const T *__restrict__ src,
-                                cl_conv_geometry g, int64_t total)
+                                cl_conv_geometry g, Index total)
 {
     const int groups = g.c / VEC;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    for (Index i = blockIdx.x * (Index)blockDim.x + threadIdx.x; i < total;
+         i += (Index)gridDim.x * blockDim.x) {
         int r = (int)(i / groups);
-        int c = (int)(i - (int64_t)r * groups) * VEC;
+        int c = (int)(i - (Index)r * groups) * VEC;
         RowCoord p = row_coord(r, g.oh, g.ow);
         Vec<T, VEC> best;
         bool any = false;
@@ -182,6 +237,18 @@ bool aligned16(const void *p)
     return ((uintptr_t)p & 15) == 0;
 }
 
+// Launch with a 32-bit flat index when `total` (plus one grid stride) fits,
+// else 64-bit; returns the launch's error.
+template <typename Launch> cudaError_t launch_indexed(int64_t total, Launch launch)
+{
+    if (total + (int64_t)65535 * 8 * kThreads < INT32_MAX) {
+        launch((int32_t)total);
+    } else {
+        launch(total);
+    }
+    return cudaGetLastError();
+}
+
 template <typename Tin, typename Tout>
 cudaError_t launch_im2col(void *dst, const void *src, const cl_conv_geometry *g,
                           cudaStream_t stream)
@@ -193,20 +260,35 @@ cudaError_t launch_im2col(void *dst, const void *src, const cl_conv_geometry *g,
     }
     if (g->k_padded % vec != 0 || !aligned16(dst)) {
         // Rows that are not whole 16-byte vectors: one element per thread.
-        int64_t total = rows * g->k_padded;
-        im2col_kernel<Tin, Tout, 1, false><<<grid_for(total), kThreads, 0, stream>>>(
-            (Tout *)dst, (const Tin *)src, *g, total);
+        return launch_indexed(rows * g->k_padded, [&](auto total) {
+            using Index = decltype(total);
+            im2col_kernel<Index, Tin, Tout, 1, false><<<grid_for(total), kThreads, 0, stream>>>(
+                (Tout *)dst, (const Tin *)src, *g, total);
+        });
+    }
+    constexpr int staged_rows = 64;
+    const size_t staged = ((g->k_padded * sizeof(int) + 15) & ~(size_t)15) +
+                          (size_t)g->kh * ((staged_rows - 1) * g->stride + g->kw) * g->c *
+                              sizeof(Tout);
+    const int64_t blocks = (int64_t)g->n * g->oh * ((g->ow + staged_rows - 1) / staged_rows);
+    if (g->c < vec && staged <= 48 * 1024 && blocks <= INT32_MAX) {
+        // Few channels (the stem): the windows staged in shared memory.
+        im2col_rows_kernel<Tin, Tout, staged_rows><<<(int)blocks, kThreads, staged, stream>>>(
+            (Tout *)dst, (const Tin *)src, *g);
         return cudaGetLastError();
     }
-    int64_t total = rows * (g->k_padded / vec);
     if (std::is_same<Tin, Tout>::value && g->c % vec == 0 && aligned16(src)) {
-        im2col_kernel<Tin, Tout, vec, true><<<grid_for(total), kThreads, 0, stream>>>(
-            (Tout *)dst, (const Tin *)src, *g, total);
-    } else {
-        im2col_kernel<Tin, Tout, vec, false><<<grid_for(total), kThreads, 0, stream>>>(
-            (Tout *)dst, (const Tin *)src, *g, total);
+        return launch_indexed(rows * (g->k_padded / vec), [&](auto total) {
+            using Index = decltype(total);
+            im2col_kernel<Index, Tin, Tout, vec, true><<<grid_for(total), kThreads, 0, stream>>>(
+                (Tout *)dst, (const Tin *)src, *g, total);
+        });
     }
-    return cudaGetLastError();
+    return launch_indexed(rows * (g->k_padded / vec), [&](auto total) {
+        using Index = decltype(total);
+        im2col_kernel<Index, Tin, Tout, vec, false><<<grid_for(total), kThreads, 0, stream>>>(
+            (Tout *)dst, (const Tin *)src, *g, total);
+    });
 }
 
 template <typename T>
@@ -219,15 +301,17 @@ cudaError_t launch_max_pool(void *dst, const void *src, const cl_conv_geometry *
         return cudaErrorInvalidValue;
     }
     if (g->c % vec == 0 && aligned16(dst) && aligned16(src)) {
-        int64_t total = pixels * (g->c / vec);
-        max_pool_kernel<T, vec><<<grid_for(total), kThreads, 0, stream>>>(
-            (T *)dst, (const T *)src, *g, total);
-    } else {
-        int64_t total = pixels * g->c;
-        max_pool_kernel<T, 1><<<grid_for(total), kThreads, 0, stream>>>((T *)dst, (const T *)src,
-                                                                         *g, total);
+        return launch_indexed(pixels * (g->c / vec), [&](auto total) {
+            using Index = decltype(total);
+            max_pool_kernel<Index, T, vec><<<grid_for(total), kThreads, 0, stream>>>(
+                (T *)dst, (const T *)src, *g, total);
+        });
     }
-    return cudaGetLastError();
+    return launch_indexed(pixels * g->c, [&](auto total) {
+        using Index = decltype(total);
+        max_pool_kernel<Index, T, 1><<<grid_for(total), kThreads, 0, stream>>>(
+            (T *)dst, (const T *)src, *g, total);
+    });
 }
 
 // One thread per output pixel: c loads, then the CP converted channels as
