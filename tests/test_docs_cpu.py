@@ -33,7 +33,7 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 RUN_HERE = {
     "cudalab lessons --params": 0,
     "python scripts/build_notebooks.py --check": 0,
-    "python scripts/lessons_summary.py benchmarks/results/lessons_NVIDIA_H200.json": 0,
+    "python scripts/lessons_summary.py benchmarks/results/lessons_NVIDIA_H100_80GB_HBM3.json": 0,
     "scripts/sanitize.sh -p list": 0,
     "cudalab results dtypes": 0,
 }
