@@ -255,3 +255,19 @@ def test_resnet_routes_agree(precision):
     err = np.abs(logits["implicit"] - logits["im2col"]).max() / scale
     assert err < (2e-2 if precision == "fp16" else 5e-3), err
     assert (logits["implicit"].argmax(1) == logits["im2col"].argmax(1)).mean() >= 2 / 3
+
+
+def test_repeated_conv2d_reuses_its_program(rng):
+    """Calls of one shape hit one cached program, however the pool places small buffers
+    (a scratch slot that changed alignment recompiled the CUTLASS kernel on every call)."""
+    _implicit_or_skip("float16")
+    x, wt, b = _operands(rng, 2, 12, 12, 64, 64, 3, "float16")
+    args = (_dev(x, "float16"), _dev(wt, "float16"), _dev(b, "float16"))
+    out = cudalab.empty((2, 12, 12, 64), dtype="float16")
+    ops.conv2d(*args, padding=1, route="implicit", out=out)
+    before = len(ops._programs)
+    keep = []
+    for size in (16, 48, 80, 112, 144):
+        keep.append(cudalab.empty((size,), dtype="uint8"))  # moves the pool's next address
+        ops.conv2d(*args, padding=1, route="implicit", out=out)
+    assert len(ops._programs) == before

@@ -345,12 +345,21 @@ def conv2d(x: _core.DeviceArray, w: _core.DeviceArray, bias: Optional[_core.Devi
         w = padded
     scratch_elems = (n * oh * ow * layer.k if chosen == ROUTE_IM2COL else
                      n * h * wd * cin if cin != c else 0)
-    scratch = _core.empty((max(scratch_elems * x.itemsize, 16),), dtype="uint8")
-    slots = (x, w, out, scratch) + (() if bias is None else (bias,))
+    # Slots: x, w, out, then the bias and the scratch only where used. A program is cached
+    # by its slots' sizes and alignments, so a slot that only changes address (a small
+    # scratch from the pool) must not be one: it would recompile the program on a new key.
+    slots = [x, w, out]
+    bias_ref = None
+    if bias is not None:
+        bias_ref = (len(slots), 0)
+        slots.append(bias)
+    scratch_ref = (len(slots), 0)
+    if scratch_elems:
+        slots.append(_core.empty((scratch_elems * x.itemsize,), dtype="uint8"))
     steps = conv_steps(layer, x.shape, chosen, tile, dtype, precision, x=(0, 0), w=(1, 0),
-                       bias=None if bias is None else (4, 0), out=(2, 0), scratch=(3, 0),
+                       bias=bias_ref, out=(2, 0), scratch=scratch_ref,
                        k=layer.k)  # the weight as given: (cout, kh*kw*C), K unpadded
-    _run(tuple(steps), slots, func)
+    _run(tuple(steps), tuple(slots), func)
     return out
 
 
