@@ -148,8 +148,14 @@ def implicit_available(dtype: str, precision: str = TF32, device: Optional[int] 
         return False
     if dtype == "float32" and PRECISION_CODES[precision] == 0:
         return False
-    dev = _core.current_device() if device is None else device
-    return _core._device_properties(dev)["major"] >= 8
+    return _compute_major(_core.current_device() if device is None else device) >= 8
+
+
+@lru_cache(maxsize=None)
+def _compute_major(device: int) -> int:
+    """The device's compute capability major, asked once per device: ops.conv2d and every
+    choose() check it, and cudaGetDeviceProperties is far too slow for a per-call path."""
+    return _core._device_properties(device)["major"]
 
 
 def _tile_name(dtype: str, tile: int) -> Optional[str]:
