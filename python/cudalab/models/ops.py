@@ -72,6 +72,26 @@ def _out(out: Any, func: str, shape: tuple, dtype: str, like: _core.DeviceArray)
     return out
 
 
+def _window_output(func: str, h: int, w: int, kh: int, kw: int, stride: int,
+                   padding: int) -> tuple[int, int]:
+    """(OH, OW) of a kh x kw window over an h x w image; ValueError where it does not fit."""
+    oh, ow = conv_output_size(h, kh, stride, padding), conv_output_size(w, kw, stride, padding)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{func}(): a {kh}x{kw} window with padding {padding} does not fit "
+                         f"a {h}x{w} image")
+    return oh, ow
+
+
+def _matmul_precision(func: str, precision: Optional[str]) -> str:
+    """`precision` checked against the float32 GEMM precisions; None: the process default."""
+    if precision is None:
+        precision = _core.get_float32_matmul_precision()
+    if precision not in PRECISION_CODES:
+        raise ValueError(f"{func}() argument 'precision': expected one of "
+                         f"{', '.join(map(repr, PRECISION_CODES))}, got {precision!r}")
+    return precision
+
+
 def im2col(x: _core.DeviceArray, kh: int, kw: int, stride: int = 1, padding: int = 0,
            k_padded: Optional[int] = None, dtype: Optional[str] = None,
            out: Optional[_core.DeviceArray] = None) -> _core.DeviceArray:
@@ -110,10 +130,7 @@ def im2col(x: _core.DeviceArray, kh: int, kw: int, stride: int = 1, padding: int
     if dtype not in _FLOAT_DTYPES or (dtype != str(x.dtype) and str(x.dtype) != "float32"):
         raise TypeError(f"{func}() argument 'dtype': {x.dtype} input gives {x.dtype} only "
                         f"(float32 input may cast to any float dtype), got {dtype}")
-    oh, ow = conv_output_size(h, kh, stride, padding), conv_output_size(w, kw, stride, padding)
-    if oh < 1 or ow < 1:
-        raise ValueError(f"{func}(): a {kh}x{kw} window with padding {padding} does not fit "
-                         f"a {h}x{w} image")
+    oh, ow = _window_output(func, h, w, kh, kw, stride, padding)
     out = _out(out, func, (n * oh * ow, k_padded), dtype, x)
     if out.size:
         _run((("im2col", 0, 0, str(x.dtype), 1, 0, dtype, n, h, w, c, oh, ow, kh, kw, stride,
@@ -218,11 +235,7 @@ def conv_gemm(a: _core.DeviceArray, w: _core.DeviceArray,
         raise TypeError(f"{func}(): relu and accumulate must be bools")
     if accumulate and out is None:
         raise ValueError(f"{func}(): accumulate=True adds to out, which must be given")
-    if precision is None:
-        precision = _core.get_float32_matmul_precision()
-    if precision not in PRECISION_CODES:
-        raise ValueError(f"{func}() argument 'precision': expected one of "
-                         f"{', '.join(map(repr, PRECISION_CODES))}, got {precision!r}")
+    precision = _matmul_precision(func, precision)
     out = _out(out, func, (m, cout), str(a.dtype), a)
     if m and k and cout:
         slots = (a, w, out) if bias is None else (a, w, out, bias)
@@ -320,15 +333,8 @@ def conv2d(x: _core.DeviceArray, w: _core.DeviceArray, bias: Optional[_core.Devi
     if route not in CONV_ROUTES:
         raise ValueError(f"{func}() argument 'route': expected one of "
                          f"{', '.join(map(repr, CONV_ROUTES))}, got {route!r}")
-    if precision is None:
-        precision = _core.get_float32_matmul_precision()
-    if precision not in PRECISION_CODES:
-        raise ValueError(f"{func}() argument 'precision': expected one of "
-                         f"{', '.join(map(repr, PRECISION_CODES))}, got {precision!r}")
-    oh, ow = conv_output_size(h, kh, stride, padding), conv_output_size(wd, kw, stride, padding)
-    if oh < 1 or ow < 1:
-        raise ValueError(f"{func}(): a {kh}x{kw} window with padding {padding} does not fit "
-                         f"a {h}x{wd} image")
+    precision = _matmul_precision(func, precision)
+    oh, ow = _window_output(func, h, wd, kh, kw, stride, padding)
     if c == 0:
         raise ValueError(f"{func}(): x has no channels")
     layer = Conv(func, "bn", "x", "y", c, cout, kh, kw, stride, padding, relu)
